@@ -1,0 +1,26 @@
+// The C API's objects and the one place where C++ exceptions become thc_status_t.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "collectives/engine/engine.h"
+#include "thc/thc.h"
+
+struct thc_comm_s {
+  std::unique_ptr<thc::engine::Engine> engine;
+};
+struct thc_state_s {
+  thc::engine::ErrorFeedback ef;
+};
+
+namespace thc::capi {
+// Run fn; map thc::Error / std::bad_alloc / anything else to a status and the thread's message.
+thc_status_t guard(const char* where, const std::function<void()>& fn);
+void set_last_error(const std::string& msg);
+const std::string& last_error();
+engine::DType to_dtype(thc_dtype_t t);
+// For backends built beside the C API (MPI, aggregator clients): wrap a reducer in a
+// communicator (collective over the reducer's ranks: agrees on the seed).
+thc_status_t create_comm(std::unique_ptr<transport::Reducer> r, const thc_config_t* cfg, thc_comm_t* comm);
+}  // namespace thc::capi

@@ -1,0 +1,34 @@
+// Errors inside thc are exceptions carrying a status code; every C boundary converts them to a
+// thc_status_t in one place (collectives/capi).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace thc {
+
+enum class Status : int {
+  kSuccess = 0,
+  kInvalidArgument = 1,
+  kNonFinite = 2,
+  kConfigMismatch = 3,
+  kOverflow = 4,
+  kTransport = 5,
+  kTimeout = 6,
+  kUnsupported = 7,
+  kOutOfMemory = 8,
+  kInternal = 9,
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(Status s, const std::string& msg) : std::runtime_error(msg), status_(s) {}
+  Status status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+[[noreturn]] inline void fail(Status s, const std::string& msg) { throw Error(s, msg); }
+
+}  // namespace thc

@@ -1,0 +1,151 @@
+#include "collectives/engine/knobs.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "collectives/codec/status.h"
+
+namespace thc::engine {
+
+#define THC_KNOB(env, kind, field, def, choices, help) \
+  Knob { env, KnobKind::kind, offsetof(thc_config_t, field), def, choices, help }
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = {
+      THC_KNOB("THC_BITS", kInt, bits, "4", nullptr, "THC index bits b (1..8)"),
+      THC_KNOB("THC_GRANULARITY", kInt, granularity, "30", nullptr, "THC grid granularity g >= 2^b-1"),
+      THC_KNOB("THC_P", kDouble, p, "1/32", nullptr, "THC truncation fraction p; t_p = Phi^-1(1-p/2)"),
+      THC_KNOB("THC_UNIFORM", kInt, uniform, "0", nullptr, "1: thc_allreduce uses uniform THC (identity table, g = 2^b-1)"),
+      THC_KNOB("THC_BLOCK", kLong, block, "65536", nullptr, "RHT and prelude block size in elements (power of two, 1024..1048576)"),
+      THC_KNOB("THC_NAT_SCHEME", kEnum, nat_scheme, "cnat", "cnat=2|dnat=3", "scheme of cnat_allreduce: natural compression or natural dithering"),
+      THC_KNOB("THC_NAT_WIDTH", kInt, nat_width, "16", nullptr, "Cnat/Dnat integer sum width in bits (8, 16, 32); sets the level window"),
+      THC_KNOB("THC_NAT_LEVELS", kInt, nat_levels, "0", nullptr, "Cnat/Dnat power-of-two levels (0 = as many as the width allows)"),
+      THC_KNOB("THC_DNAT_NORM", kEnum, dnat_norm, "2", "2=2|inf=0", "natural dithering norm: 2 or inf"),
+      THC_KNOB("THC_CHUNK_BYTES", kLong, chunk_bytes, "4194304", nullptr, "pipelining chunk, in float32 bytes (whole blocks)"),
+      THC_KNOB("THC_ALGO", kEnum, algo, "auto", "auto=0|int=1|ps=2", "integer allreduce of values, colocated parameter server of indices, or auto"),
+      THC_KNOB("THC_BIDIR", kInt, bidir, "0", nullptr, "1: the colocated PS re-compresses Cnat/Dnat shard sums with Cnat before the allgather"),
+      THC_KNOB("THC_SEED", kU64, seed, "0", nullptr, "randomness seed (0: rank 0 draws one)"),
+      THC_KNOB("THC_TIMEOUT_MS", kLong, timeout_ms, "120000", nullptr, "how long a collective waits for peers before failing"),
+      THC_KNOB("THC_MIN_BYTES", kLong, min_bytes, "65536", nullptr, "PMPI interposer: compress allreduces of at least this many bytes"),
+      THC_KNOB("THC_MPI_ALLREDUCE", kEnum, mpi_allreduce, "off", "off=-1|thc=0|uhc=1|cnat=2|dnat=3", "PMPI interposer: scheme for float SUM allreduces"),
+      THC_KNOB("THC_EF", kInt, ef, "1", nullptr, "PMPI interposer: error feedback keyed by (buffer, count, communicator)"),
+      THC_KNOB("THC_EF_MAX_BYTES", kLong, ef_max_bytes, "1073741824", nullptr, "PMPI interposer: bound on error-feedback memory (least recently used dropped)"),
+      THC_KNOB("THC_DEBUG", kInt, debug, "0", nullptr, "1: print a one-line summary at finalize"),
+      THC_KNOB("THC_FAULT_DROP", kDouble, fault_drop, "0", nullptr, "aggregator client: packet drop probability (fault injection)"),
+      THC_KNOB("THC_FAULT_DUP", kDouble, fault_dup, "0", nullptr, "aggregator client: packet duplicate probability"),
+      THC_KNOB("THC_FAULT_REORDER", kDouble, fault_reorder, "0", nullptr, "aggregator client: packet reorder probability"),
+      THC_KNOB("THC_FAULT_DELAY_US", kLong, fault_delay_us, "0", nullptr, "aggregator client: maximum injected delay in microseconds"),
+      THC_KNOB("THC_QUORUM", kInt, quorum, "0", nullptr, "aggregator: workers needed to complete a slot after the timeout (0 = all)"),
+  };
+  return table;
+}
+
+namespace {
+template <typename T>
+T& field(thc_config_t* cfg, size_t off) {
+  return *reinterpret_cast<T*>(reinterpret_cast<char*>(cfg) + off);
+}
+template <typename T>
+const T& field(const thc_config_t& cfg, size_t off) {
+  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(&cfg) + off);
+}
+}  // namespace
+
+bool set_knob(const Knob& k, const char* value, thc_config_t* cfg, std::string* err) {
+  errno = 0;
+  char* end = nullptr;
+  const std::string v = value;
+  auto bad = [&](const char* what) {
+    *err = std::string(k.env) + "='" + v + "': " + what;
+    return false;
+  };
+  switch (k.kind) {
+    case KnobKind::kInt:
+    case KnobKind::kLong: {
+      const long long x = std::strtoll(value, &end, 0);
+      if (v.empty() || *end != '\0' || errno) return bad("not an integer");
+      if (k.kind == KnobKind::kInt) {
+        if (x < -2147483647ll || x > 2147483647ll) return bad("out of range");
+        field<int>(cfg, k.offset) = static_cast<int>(x);
+      } else {
+        field<long>(cfg, k.offset) = static_cast<long>(x);
+      }
+      return true;
+    }
+    case KnobKind::kU64: {
+      const unsigned long long x = std::strtoull(value, &end, 0);
+      if (v.empty() || *end != '\0' || errno) return bad("not an unsigned integer");
+      field<uint64_t>(cfg, k.offset) = x;
+      return true;
+    }
+    case KnobKind::kDouble: {
+      // Accept "a/b" fractions (THC_P=1/32) as well as decimals.
+      const size_t slash = v.find('/');
+      double x;
+      if (slash != std::string::npos) {
+        char* e1 = nullptr;
+        const double a = std::strtod(v.substr(0, slash).c_str(), &e1);
+        const std::string den = v.substr(slash + 1);
+        const double b = std::strtod(den.c_str(), &end);
+        if (den.empty() || *end != '\0' || b == 0) return bad("not a number or fraction");
+        x = a / b;
+      } else {
+        x = std::strtod(value, &end);
+        if (v.empty() || *end != '\0' || errno) return bad("not a number");
+      }
+      field<double>(cfg, k.offset) = x;
+      return true;
+    }
+    case KnobKind::kEnum: {
+      std::stringstream ss(k.choices);
+      std::string item;
+      while (std::getline(ss, item, '|')) {
+        const size_t eq = item.find('=');
+        if (item.substr(0, eq) == v) {
+          field<int>(cfg, k.offset) = std::atoi(item.c_str() + eq + 1);
+          return true;
+        }
+      }
+      return bad((std::string("expected one of ") + k.choices).c_str());
+    }
+  }
+  return false;
+}
+
+std::string knob_value(const Knob& k, const thc_config_t& cfg) {
+  std::ostringstream o;
+  switch (k.kind) {
+    case KnobKind::kInt: o << field<int>(cfg, k.offset); break;
+    case KnobKind::kLong: o << field<long>(cfg, k.offset); break;
+    case KnobKind::kU64: o << field<uint64_t>(cfg, k.offset); break;
+    case KnobKind::kDouble: o << field<double>(cfg, k.offset); break;
+    case KnobKind::kEnum: {
+      const int cur = field<int>(cfg, k.offset);
+      std::stringstream ss(k.choices);
+      std::string item;
+      while (std::getline(ss, item, '|')) {
+        const size_t eq = item.find('=');
+        if (std::atoi(item.c_str() + eq + 1) == cur) return item.substr(0, eq);
+      }
+      o << cur;
+    }
+  }
+  return o.str();
+}
+
+void config_from_env(thc_config_t* cfg) {
+  std::memset(cfg, 0, sizeof(*cfg));
+  std::string err;
+  for (const Knob& k : knobs()) {
+    if (!set_knob(k, k.def, cfg, &err)) fail(Status::kInternal, "bad default: " + err);
+  }
+  for (const Knob& k : knobs()) {
+    if (const char* v = std::getenv(k.env)) {
+      if (!set_knob(k, v, cfg, &err)) fail(Status::kInvalidArgument, err);
+    }
+  }
+}
+
+}  // namespace thc::engine

@@ -1,0 +1,31 @@
+// The one table of configuration knobs: each declared once with its environment variable,
+// default and help. thc_config_init, thc-info and the README's knob list all come from it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "thc/thc.h"
+
+namespace thc::engine {
+
+enum class KnobKind { kInt, kLong, kDouble, kU64, kEnum };
+
+struct Knob {
+  const char* env;
+  KnobKind kind;
+  size_t offset;          // into thc_config_t
+  const char* def;        // default, as the environment would spell it
+  const char* choices;    // kEnum: "name=value|name=value"
+  const char* help;
+};
+
+const std::vector<Knob>& knobs();
+// Parse one value into cfg; false (with *err) if malformed.
+bool set_knob(const Knob& k, const char* value, thc_config_t* cfg, std::string* err);
+std::string knob_value(const Knob& k, const thc_config_t& cfg);
+// Defaults then environment. Throws thc::Error(kInvalidArgument) on a malformed variable.
+void config_from_env(thc_config_t* cfg);
+
+}  // namespace thc::engine

@@ -1,0 +1,130 @@
+/* thc: compressed homomorphic allreduce (THC and Cnat). C API.
+ *
+ * Every function returns a thc_status_t; on failure thc_last_error() returns a message for the
+ * calling thread that says what went wrong and where. The library never aborts the process.
+ *
+ * Semantics follow MPI_Allreduce: every rank of a communicator calls the same collective in the
+ * same order with the same count, datatype and op. THC_OP_SUM returns the estimated sum,
+ * THC_OP_AVG the estimated mean. sendbuf == recvbuf (or THC_IN_PLACE) works in place; count 0
+ * is a no-op. The result is identical on every rank.
+ */
+#ifndef THC_THC_H_
+#define THC_THC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "thc/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  THC_SUCCESS = 0,
+  THC_ERR_INVALID_ARG = 1,   /* bad argument or configuration */
+  THC_ERR_NONFINITE = 2,     /* NaN or Inf in the input of some rank (reported on every rank) */
+  THC_ERR_CONFIG_MISMATCH = 3, /* ranks disagree on configuration, count or op */
+  THC_ERR_OVERFLOW = 4,      /* the configuration's integer sums cannot fit any width */
+  THC_ERR_TRANSPORT = 5,     /* the reduction backend failed */
+  THC_ERR_TIMEOUT = 6,       /* a peer or the aggregator did not answer in time */
+  THC_ERR_UNSUPPORTED = 7,   /* feature not built in or not available */
+  THC_ERR_NO_MEMORY = 8,
+  THC_ERR_INTERNAL = 9
+} thc_status_t;
+
+typedef enum { THC_FLOAT32 = 0, THC_FLOAT16 = 1, THC_BFLOAT16 = 2, THC_FLOAT64 = 3 } thc_dtype_t;
+typedef enum { THC_OP_SUM = 0, THC_OP_AVG = 1 } thc_op_t;
+typedef enum { THC_SCHEME_THC = 0, THC_SCHEME_UHC = 1, THC_SCHEME_CNAT = 2, THC_SCHEME_DNAT = 3 } thc_scheme_t;
+typedef enum { THC_ALGO_AUTO = 0, THC_ALGO_INT = 1, THC_ALGO_PS = 2 } thc_algo_t;
+
+#define THC_IN_PLACE ((const void*)1)
+
+/* Every knob; each is also a THC_* environment variable (thc-info lists them with defaults and
+ * help). thc_config_init fills defaults and then applies the environment. */
+typedef struct thc_config {
+  int bits;              /* THC_BITS: THC index bits b (1..8) */
+  int granularity;       /* THC_GRANULARITY: THC grid g >= 2^b-1 */
+  double p;              /* THC_P: THC truncation fraction, t_p = Phi^-1(1-p/2) */
+  int uniform;           /* THC_UNIFORM: thc_allreduce uses uniform THC (identity table) */
+  long block;            /* THC_BLOCK: RHT / prelude block in elements (power of two, 2^10..2^20) */
+  int nat_scheme;        /* THC_NAT_SCHEME: cnat_allreduce uses THC_SCHEME_CNAT or THC_SCHEME_DNAT */
+  int nat_width;         /* THC_NAT_WIDTH: Cnat/Dnat sum width in bits (8, 16, 32) */
+  int nat_levels;        /* THC_NAT_LEVELS: Cnat/Dnat levels (0 = widest that fits) */
+  int dnat_norm;         /* THC_DNAT_NORM: 2 or 0 (= infinity) */
+  long chunk_bytes;      /* THC_CHUNK_BYTES: pipelining unit (float32 bytes) */
+  int algo;              /* THC_ALGO: thc_algo_t */
+  int bidir;             /* THC_BIDIR: colocated PS re-compresses Cnat shard sums */
+  uint64_t seed;         /* THC_SEED: 0 = random (rank 0 decides) */
+  long timeout_ms;       /* THC_TIMEOUT_MS: how long to wait for peers */
+  long min_bytes;        /* THC_MIN_BYTES: PMPI interposer compresses messages at least this big */
+  int mpi_allreduce;     /* THC_MPI_ALLREDUCE: interposer scheme: -1 off, else thc_scheme_t */
+  int ef;                /* THC_EF: interposer keeps error feedback per (buffer, count, comm) */
+  long ef_max_bytes;     /* THC_EF_MAX_BYTES: bound on the interposer's error-feedback memory */
+  int debug;             /* THC_DEBUG: print a summary at finalize */
+  double fault_drop;     /* THC_FAULT_DROP: aggregator client drop probability */
+  double fault_dup;      /* THC_FAULT_DUP: duplicate probability */
+  double fault_reorder;  /* THC_FAULT_REORDER: reorder probability */
+  long fault_delay_us;   /* THC_FAULT_DELAY_US: max injected delay */
+  int quorum;            /* THC_QUORUM: aggregator quorum (0 = all workers) */
+} thc_config_t;
+
+typedef struct thc_comm_s* thc_comm_t;
+typedef struct thc_state_s* thc_state_t; /* error-feedback residual of one tensor */
+typedef struct thc_inproc_group_s* thc_inproc_group_t;
+
+/* Defaults, then THC_* environment variables. Returns THC_ERR_INVALID_ARG on a malformed value. */
+thc_status_t thc_config_init(thc_config_t* cfg);
+const char* thc_status_string(thc_status_t s);
+/* Message of the calling thread's last failure ("" if none). */
+const char* thc_last_error(void);
+const char* thc_version(void);
+
+/* In-process workers (threads): a group of `size`, then one communicator per thread. The
+ * creation of each communicator is collective over the group's threads. */
+thc_status_t thc_inproc_group_create(int size, thc_inproc_group_t* group);
+thc_status_t thc_inproc_group_destroy(thc_inproc_group_t group);
+thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const thc_config_t* cfg,
+                                    thc_comm_t* comm);
+/* A software aggregator (thc-aggregator): url "udp://HOST:PORT". */
+thc_status_t thc_comm_create_aggregator(const char* url, int rank, int size, uint32_t job,
+                                        uint64_t token, const thc_config_t* cfg, thc_comm_t* comm);
+thc_status_t thc_comm_destroy(thc_comm_t comm);
+thc_status_t thc_comm_rank(thc_comm_t comm, int* rank);
+thc_status_t thc_comm_size(thc_comm_t comm, int* size);
+
+/* Error-feedback state: bound to the first count it is used with. */
+thc_status_t thc_state_create(thc_state_t* state);
+thc_status_t thc_state_destroy(thc_state_t state);
+thc_status_t thc_state_reset(thc_state_t state);
+
+/* THC (non-uniform; uniform if cfg.uniform). state may be NULL (no error feedback). */
+thc_status_t thc_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype,
+                           thc_op_t op, thc_comm_t comm, thc_state_t state);
+/* Cnat (or natural dithering if cfg.nat_scheme is THC_SCHEME_DNAT). */
+thc_status_t cnat_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype,
+                            thc_op_t op, thc_comm_t comm, thc_state_t state);
+/* Any scheme explicitly. */
+thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void* recvbuf,
+                                  size_t count, thc_dtype_t dtype, thc_op_t op, thc_comm_t comm,
+                                  thc_state_t state);
+
+/* Statistics of a communicator since creation. */
+typedef struct thc_stats {
+  uint64_t calls;
+  uint64_t elements;
+  uint64_t wire_bytes_up;    /* bytes this rank's codes occupy upstream (index or value form) */
+  uint64_t wire_bytes_down;  /* bytes of sums this rank received */
+  uint64_t float_bytes;      /* what the same calls would be as float32 */
+  int last_algo;             /* thc_algo_t of the last call (INT or PS) */
+} thc_stats_t;
+thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
+
+/* Print every knob (name, default, current value, help) to stdout. */
+void thc_print_knobs(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* THC_THC_H_ */

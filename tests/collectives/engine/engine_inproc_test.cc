@@ -1,0 +1,329 @@
+// The engine through the C API on in-process workers (threads).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "collectives/engine/dtype.h"
+#include "thc/thc.h"
+
+namespace {
+
+thc_config_t base_config() {
+  thc_config_t c;
+  EXPECT_EQ(thc_config_init(&c), THC_SUCCESS);
+  c.block = 1024;
+  c.chunk_bytes = 4 * 4096;  // 4 blocks per chunk: several chunks in flight in these tests
+  c.seed = 12345;
+  return c;
+}
+
+// Run fn(rank, comm) on n threads; returns each rank's status.
+std::vector<thc_status_t> run_workers(int n, const thc_config_t& cfg,
+                                      const std::function<thc_status_t(int, thc_comm_t)>& fn,
+                                      const std::vector<thc_config_t>* per_rank = nullptr) {
+  thc_inproc_group_t g;
+  EXPECT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
+  std::vector<thc_status_t> st(n, THC_SUCCESS);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      thc_comm_t comm;
+      const thc_config_t& c = per_rank ? (*per_rank)[r] : cfg;
+      thc_status_t s = thc_comm_create_inproc(g, r, &c, &comm);
+      if (s == THC_SUCCESS) {
+        s = fn(r, comm);
+        thc_comm_destroy(comm);
+      }
+      st[r] = s;
+    });
+  }
+  for (auto& t : ts) t.join();
+  thc_inproc_group_destroy(g);
+  return st;
+}
+
+std::vector<float> gaussian(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+double nmse(const std::vector<float>& est, const std::vector<double>& ref) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (est[i] - ref[i]) * (est[i] - ref[i]);
+    r += ref[i] * ref[i];
+  }
+  return r == 0 ? e : e / r;
+}
+
+struct Case {
+  int n;
+  size_t count;
+};
+
+class EngineWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineWorld, AllSchemesAllCountsMatchExactSumWithinCodecBound) {
+  const int n = GetParam();
+  const thc_config_t cfg = base_config();
+  for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_UHC, THC_SCHEME_CNAT, THC_SCHEME_DNAT}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, size_t{1025}, size_t{20000}}) {
+      std::vector<std::vector<float>> in(n), out(n);
+      std::vector<double> exact(count, 0.0);
+      for (int r = 0; r < n; ++r) {
+        in[r] = gaussian(count, 17 + r);
+        for (size_t i = 0; i < count; ++i) exact[i] += in[r][i];
+      }
+      auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+        out[r].assign(count, -1.0f);
+        return thc_allreduce_scheme(scheme, in[r].data(), out[r].data(), count, THC_FLOAT32, THC_OP_SUM, comm,
+                                    nullptr);
+      });
+      for (int r = 0; r < n; ++r) ASSERT_EQ(st[r], THC_SUCCESS) << thc_last_error();
+      if (count == 0) continue;
+      for (int r = 1; r < n; ++r) ASSERT_EQ(out[r], out[0]) << "ranks disagree";
+      // Bounds: THC b=4 ~0.015 + truncation per worker, divided by n for independent noise;
+      // uniform THC ~0.1; Cnat <= 1/8. Tiny counts are dominated by one element: loose bound.
+      const double bound = count < 64 ? 2.0 : (scheme == THC_SCHEME_UHC ? 0.25 : 0.13);
+      EXPECT_LT(nmse(out[0], exact), bound) << "scheme " << scheme << " n=" << n << " count=" << count;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, EngineWorld, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(Engine, AvgIsSumOverN) {
+  const int n = 3;
+  thc_config_t cfg = base_config();
+  const size_t count = 5000;
+  std::vector<std::vector<float>> sum(n), avg(n);
+  auto in = gaussian(count, 1);
+  run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    sum[r].resize(count);
+    return thc_allreduce(in.data(), sum[r].data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  });
+  run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    avg[r].resize(count);
+    return thc_allreduce(in.data(), avg[r].data(), count, THC_FLOAT32, THC_OP_AVG, comm, nullptr);
+  });
+  // Same seed, same round: same codes, so AVG is exactly SUM / n up to float rounding.
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(avg[0][i] * n, sum[0][i], 1e-4 * (1 + std::fabs(sum[0][i])));
+}
+
+TEST(Engine, InPlaceEqualsOutOfPlace) {
+  const int n = 4;
+  const thc_config_t cfg = base_config();
+  const size_t count = 9000;
+  std::vector<std::vector<float>> a(n), b(n);
+  for (int r = 0; r < n; ++r) a[r] = b[r] = gaussian(count, 40 + r);
+  std::vector<std::vector<float>> oop(n);
+  run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    oop[r].resize(count);
+    return cnat_allreduce(a[r].data(), oop[r].data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  });
+  auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    return cnat_allreduce(THC_IN_PLACE, b[r].data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(st[r], THC_SUCCESS);
+    EXPECT_EQ(b[r], oop[r]);
+  }
+}
+
+TEST(Engine, IntAndPsAlgorithmsDecodeIdentically) {
+  const int n = 3;
+  for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT, THC_SCHEME_DNAT}) {
+    std::vector<float> res[2];
+    for (int algo = 1; algo <= 2; ++algo) {
+      thc_config_t cfg = base_config();
+      cfg.algo = algo;
+      std::vector<std::vector<float>> out(n);
+      run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+        auto in = gaussian(7777, 60 + r);
+        out[r].resize(in.size());
+        thc_status_t s = thc_allreduce_scheme(scheme, in.data(), out[r].data(), in.size(), THC_FLOAT32,
+                                              THC_OP_SUM, comm, nullptr);
+        thc_stats_t st;
+        thc_comm_stats(comm, &st);
+        EXPECT_EQ(st.last_algo, algo);
+        return s;
+      });
+      res[algo - 1] = out[0];
+    }
+    EXPECT_EQ(res[0], res[1]) << "scheme " << scheme;
+  }
+}
+
+TEST(Engine, AllDtypes) {
+  const int n = 2;
+  const thc_config_t cfg = base_config();
+  const size_t count = 4000;
+  for (thc_dtype_t dt : {THC_FLOAT32, THC_FLOAT16, THC_BFLOAT16, THC_FLOAT64}) {
+    std::vector<std::vector<float>> in(n);
+    std::vector<double> exact(count, 0);
+    for (int r = 0; r < n; ++r) {
+      in[r] = gaussian(count, 70 + r);
+      for (size_t i = 0; i < count; ++i) exact[i] += in[r][i];
+    }
+    std::vector<std::vector<float>> out(n);
+    auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+      const auto t = static_cast<thc::engine::DType>(dt);
+      const size_t es = thc::engine::dtype_size(t);
+      std::vector<uint8_t> sb(count * es), rb(count * es);
+      thc::engine::store_from_float(in[r].data(), count, t, sb.data(), 0);
+      thc_status_t s = thc_allreduce(sb.data(), rb.data(), count, dt, THC_OP_SUM, comm, nullptr);
+      out[r].resize(count);
+      thc::engine::load_as_float(rb.data(), t, 0, count, nullptr, out[r].data());
+      return s;
+    });
+    ASSERT_EQ(st[0], THC_SUCCESS) << thc_last_error();
+    EXPECT_LT(nmse(out[0], exact), 0.05) << "dtype " << dt;
+  }
+}
+
+TEST(Engine, ErrorFeedbackRunningAverageConvergesToTrueSum) {
+  // THC truncation is biased; with error feedback the running average of repeated allreduces
+  // of the same vectors converges to the exact sum (the bias is fed back).
+  const int n = 2;
+  thc_config_t cfg = base_config();
+  cfg.p = 0.2;  // aggressive truncation: a large bias without EF
+  const size_t count = 4096;
+  std::vector<std::vector<float>> in(n);
+  std::vector<double> exact(count, 0);
+  for (int r = 0; r < n; ++r) {
+    in[r] = gaussian(count, 90 + r);
+    in[r][r * 100] = 40.0f;  // an outlier far beyond t_p after rotation
+    for (size_t i = 0; i < count; ++i) exact[i] += in[r][i];
+  }
+  const int R = 200;
+  double nmse_ef = 0, nmse_noef = 0;
+  for (int use_ef = 0; use_ef < 2; ++use_ef) {
+    std::vector<std::vector<double>> avg(n, std::vector<double>(count, 0));
+    run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+      thc_state_t ef = nullptr;
+      if (use_ef) thc_state_create(&ef);
+      std::vector<float> out(count);
+      thc_status_t s = THC_SUCCESS;
+      for (int it = 0; it < R && s == THC_SUCCESS; ++it) {
+        s = thc_allreduce(in[r].data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef);
+        for (size_t i = 0; i < count; ++i) avg[r][i] += out[i] / R;
+      }
+      thc_state_destroy(ef);
+      return s;
+    });
+    std::vector<float> a(avg[0].begin(), avg[0].end());
+    (use_ef ? nmse_ef : nmse_noef) = nmse(a, exact);
+  }
+  EXPECT_LT(nmse_ef, 0.2 * nmse_noef) << "ef " << nmse_ef << " no-ef " << nmse_noef;
+  EXPECT_LT(nmse_ef, 1e-3);
+}
+
+TEST(Engine, NonFiniteOnOneRankIsReportedOnEveryRank) {
+  const int n = 3;
+  const thc_config_t cfg = base_config();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<std::vector<float>> out(n);
+    auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+      auto in = gaussian(3000, r);
+      if (r == 1) in[2999] = bad;
+      out[r].assign(3000, 7.0f);
+      thc_status_t s = thc_allreduce(in.data(), out[r].data(), 3000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+      if (s != THC_SUCCESS) {
+        EXPECT_NE(std::string(thc_last_error()).find("NaN or Inf"), std::string::npos);
+      }
+      return s;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(st[r], THC_ERR_NONFINITE);
+      EXPECT_EQ(out[r], std::vector<float>(3000, 7.0f)) << "output must be untouched";
+    }
+  }
+}
+
+TEST(Engine, MismatchedConfigurationIsDetectedOnEveryRank) {
+  const int n = 3;
+  std::vector<thc_config_t> per(n, base_config());
+  per[2].granularity = 20;
+  auto st = run_workers(n, per[0], [&](int r, thc_comm_t comm) {
+    auto in = gaussian(2048, r);
+    std::vector<float> out(2048);
+    return thc_allreduce(in.data(), out.data(), 2048, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  }, &per);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_ERR_CONFIG_MISMATCH) << r;
+}
+
+TEST(Engine, BadArgumentsAreRejected) {
+  const thc_config_t cfg = base_config();
+  auto st = run_workers(1, cfg, [&](int, thc_comm_t comm) {
+    std::vector<float> a(10);
+    EXPECT_EQ(thc_allreduce(a.data(), nullptr, 10, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_INVALID_ARG);
+    EXPECT_EQ(thc_allreduce(a.data(), a.data(), 10, THC_FLOAT32, static_cast<thc_op_t>(7), comm, nullptr),
+              THC_ERR_INVALID_ARG);
+    EXPECT_EQ(thc_allreduce(a.data(), a.data(), 10, static_cast<thc_dtype_t>(9), THC_OP_SUM, comm, nullptr),
+              THC_ERR_INVALID_ARG);
+    EXPECT_EQ(thc_allreduce(a.data(), a.data(), 10, THC_FLOAT32, THC_OP_SUM, nullptr, nullptr), THC_ERR_INVALID_ARG);
+    thc_state_t ef;
+    thc_state_create(&ef);
+    EXPECT_EQ(thc_allreduce(a.data(), a.data(), 10, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS);
+    EXPECT_EQ(thc_allreduce(a.data(), a.data(), 5, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_ERR_INVALID_ARG);
+    thc_state_destroy(ef);
+    return THC_SUCCESS;
+  });
+  EXPECT_EQ(st[0], THC_SUCCESS);
+  thc_config_t bad = cfg;
+  bad.block = 1000;
+  thc_inproc_group_t g;
+  thc_inproc_group_create(1, &g);
+  thc_comm_t comm;
+  EXPECT_EQ(thc_comm_create_inproc(g, 0, &bad, &comm), THC_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(thc_last_error()).find("THC_BLOCK"), std::string::npos);
+  EXPECT_EQ(thc_comm_create_inproc(g, 5, &cfg, &comm), THC_ERR_INVALID_ARG);
+  thc_inproc_group_destroy(g);
+}
+
+TEST(Engine, OverflowProneConfigurationFailsWithOverflow) {
+  thc_config_t cfg = base_config();
+  cfg.nat_width = 8;
+  cfg.nat_levels = 7;  // 2 workers * 2^6 = 128 > 127
+  auto st = run_workers(2, cfg, [&](int, thc_comm_t comm) {
+    std::vector<float> a(2048, 1.0f);
+    return cnat_allreduce(a.data(), a.data(), a.size(), THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  });
+  EXPECT_EQ(st[0], THC_ERR_OVERFLOW);
+  EXPECT_EQ(st[1], THC_ERR_OVERFLOW);
+}
+
+TEST(Engine, BidirectionalCnatIsUnbiasedAndCloseToExact) {
+  const int n = 4;
+  thc_config_t cfg = base_config();
+  cfg.algo = THC_ALGO_PS;
+  cfg.bidir = 1;
+  const size_t count = 8192;
+  std::vector<std::vector<float>> in(n);
+  std::vector<double> exact(count, 0);
+  for (int r = 0; r < n; ++r) {
+    in[r] = gaussian(count, 200 + r);
+    for (size_t i = 0; i < count; ++i) exact[i] += in[r][i];
+  }
+  std::vector<float> out(count);
+  auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    std::vector<float> o(count);
+    thc_status_t s = cnat_allreduce(in[r].data(), o.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    if (r == 0) out = o;
+    return s;
+  });
+  ASSERT_EQ(st[0], THC_SUCCESS) << thc_last_error();
+  // Two Cnat stages: at most (1 + 1/8)^2 - 1 relative variance, far less after averaging n.
+  EXPECT_LT(nmse(out, exact), 0.27);
+}
+
+}  // namespace

@@ -1,0 +1,89 @@
+// The integer-aggregation interface (DESIGN.md §2 "reduction"). A backend knows integers and
+// bytes, never floats or schemes; the only scheme knowledge it is handed is a lookup table.
+//
+// Ordering contract (as for MPI collectives): every rank starts the same operations in the same
+// order; an operation's buffers must stay valid until wait() returns. Operations may be started
+// before earlier ones are waited on (that is how the engine pipelines), and are waited on in the
+// order they were started.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/codec/codec.h"
+
+namespace thc::transport {
+
+using codec::IntType;
+
+// Completion handle of a nonblocking operation.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Drive progress; true once complete. Cheap: the engine calls it between encoded blocks.
+  virtual bool test() = 0;
+  // Block until complete. Throws thc::Error (kTransport, kTimeout) on failure.
+  virtual void wait() = 0;
+  // Ranks whose contributions the result holds (partial aggregation; default: everyone).
+  virtual int contributors() const { return -1; }
+  // Whether this rank's own contribution is in the result. A worker left out of a partial
+  // aggregate keeps its whole contribution in its error-feedback residual.
+  virtual bool self_counted() const { return true; }
+};
+
+// A table the aggregator applies to each index before summing: values[z], z < 2^bits.
+struct LookupTable {
+  int bits = 0;
+  std::vector<int32_t> values;
+};
+
+// Optional integer->bytes->integer transform a backend applies to the summed shard before
+// sending it back down (bidirectional compression). The backend treats the bytes as opaque.
+class DownstreamCodec {
+ public:
+  virtual ~DownstreamCodec() = default;
+  // Encoded size of `count` sums.
+  virtual size_t encoded_bytes(uint64_t count) const = 0;
+  // Encode sums [first, first+count) of the call (first is a global wire-element offset).
+  virtual void encode(const void* sums, uint64_t first, uint64_t count, uint8_t* out) const = 0;
+  // Decode them back into sums of the call's sum type.
+  virtual void decode(const uint8_t* in, uint64_t first, uint64_t count, void* sums) const = 0;
+};
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // Element-wise MAX of u32 over all ranks, in place, blocking (prelude, seed agreement).
+  virtual void max_u32(uint32_t* data, size_t n) = 0;
+
+  // Value form: element-wise integer SUM over all ranks, in place.
+  virtual std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) = 0;
+
+  // Index form: every rank contributes `count` packed b-bit indices; the result is, for every
+  // element, sum over ranks of table[index] as `type` in sums (count elements).
+  // `down` (nullable) compresses the downstream half where the backend supports it.
+  virtual std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count,
+                                                    const LookupTable& table, void* sums,
+                                                    IntType type, const DownstreamCodec* down) = 0;
+
+  // Whether start_lookup_sum is this backend's native path (parameter server, switch) or only an
+  // emulation; the engine's "auto" algorithm choice asks this.
+  virtual bool prefers_index_form() const { return false; }
+  // Whether a partial result (fewer contributors than size()) can happen.
+  virtual bool partial_results() const { return false; }
+};
+
+// Add src into dst element-wise (helper for software backends).
+void add_ints(IntType t, void* dst, const void* src, uint64_t count);
+// dst[i] = sum of table[index_i] over the packed indices, accumulated into dst (type t).
+void lookup_add(const LookupTable& table, const uint8_t* packed, uint64_t first, uint64_t count,
+                IntType t, void* dst);
+
+}  // namespace thc::transport
