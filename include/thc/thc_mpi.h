@@ -1,0 +1,43 @@
+/* thc over MPI: communicators from an MPI_Comm, and the MPI-like API.
+ *
+ * THC_Allreduce / CNAT_Allreduce have MPI_Allreduce's signature. They compress float, half
+ * (MPIX_C_FLOAT16 where the MPI has it, or THC_MPI_FLOAT16 below) and bfloat16 (THC_MPI_BFLOAT16)
+ * and double with op MPI_SUM or THC_MPI_AVG; any other datatype or op goes to the exact
+ * PMPI_Allreduce untouched. The communicator's thc state is cached on the MPI_Comm (attribute),
+ * created on first use (collectively) and freed with the communicator.
+ */
+#ifndef THC_THC_MPI_H_
+#define THC_THC_MPI_H_
+
+#include <mpi.h>
+
+#include "thc/thc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Collective over comm. cfg may be NULL (defaults + environment). */
+thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_comm_t* out);
+
+/* A user op meaning "average" (MPI has no MPI_AVG); valid after MPI_Init, created on first use. */
+MPI_Op THC_MPI_AVG(void);
+/* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). */
+MPI_Datatype THC_MPI_FLOAT16(void);
+MPI_Datatype THC_MPI_BFLOAT16(void);
+
+/* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER with thc_last_error() set). */
+int THC_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm);
+int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm);
+/* Any scheme, with an explicit error-feedback state (may be NULL) and 64-bit count. */
+int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
+                    MPI_Op op, MPI_Comm comm, thc_state_t state);
+
+/* Statistics of the thc state cached on comm (THC_ERR_INVALID_ARG if thc never ran on it). */
+thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* THC_THC_MPI_H_ */

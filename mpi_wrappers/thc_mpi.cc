@@ -1,0 +1,158 @@
+// The MPI-like API: thc communicators cached on MPI communicators, THC_Allreduce, CNAT_Allreduce.
+#include "thc/thc_mpi.h"
+
+#include <climits>
+#include <mutex>
+#include <string>
+
+#include "collectives/capi/capi.h"
+#include "transport/mpi/mpi_reducer.h"
+
+namespace {
+
+std::mutex g_mu;
+int g_keyval = MPI_KEYVAL_INVALID;
+MPI_Op g_avg = MPI_OP_NULL;
+MPI_Datatype g_f16 = MPI_DATATYPE_NULL;
+MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
+
+int delete_comm_attr(MPI_Comm, int, void* attr, void*) {
+  thc_comm_destroy(static_cast<thc_comm_t>(attr));
+  return MPI_SUCCESS;
+}
+
+// THC_MPI_AVG on the exact path: the user function sums; THC_Allreduce_x divides afterwards.
+void avg_as_sum(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  if (*dt == MPI_FLOAT) {
+    for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
+  } else if (*dt == MPI_DOUBLE) {
+    for (int i = 0; i < *len; ++i) static_cast<double*>(inout)[i] += static_cast<double*>(in)[i];
+  }
+}
+
+// The communicator's thc state, created collectively on first use and freed with the MPI_Comm.
+thc_status_t comm_for(MPI_Comm comm, thc_comm_t* out) {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (g_keyval == MPI_KEYVAL_INVALID) PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_comm_attr, &g_keyval, nullptr);
+  }
+  void* attr = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, g_keyval, &attr, &found);
+  if (found) {
+    *out = static_cast<thc_comm_t>(attr);
+    return THC_SUCCESS;
+  }
+  thc_status_t st = thc_comm_create_mpi(comm, nullptr, out);
+  if (st == THC_SUCCESS) PMPI_Comm_set_attr(comm, g_keyval, *out);
+  return st;
+}
+
+bool thc_dtype_of(MPI_Datatype dt, thc_dtype_t* out) {
+  if (dt == MPI_FLOAT) *out = THC_FLOAT32;
+  else if (dt == MPI_DOUBLE) *out = THC_FLOAT64;
+  else if (dt != MPI_DATATYPE_NULL && dt == g_f16) *out = THC_FLOAT16;
+  else if (dt != MPI_DATATYPE_NULL && dt == g_bf16) *out = THC_BFLOAT16;
+#ifdef MPIX_C_FLOAT16
+  else if (dt == MPIX_C_FLOAT16) *out = THC_FLOAT16;
+#endif
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_comm_t* out) {
+  std::unique_ptr<thc::transport::Reducer> r;
+  const thc_status_t st = thc::capi::guard("thc_comm_create_mpi", [&] {
+    if (comm == MPI_COMM_NULL) thc::fail(thc::Status::kInvalidArgument, "MPI_COMM_NULL");
+    r = thc::transport::make_mpi_reducer(comm);
+  });
+  if (st != THC_SUCCESS) return st;
+  return thc::capi::create_comm(std::move(r), cfg, out);
+}
+
+MPI_Op THC_MPI_AVG(void) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_avg == MPI_OP_NULL) PMPI_Op_create(avg_as_sum, 1, &g_avg);
+  return g_avg;
+}
+
+MPI_Datatype THC_MPI_FLOAT16(void) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_f16 == MPI_DATATYPE_NULL) {
+    PMPI_Type_contiguous(2, MPI_BYTE, &g_f16);
+    PMPI_Type_commit(&g_f16);
+  }
+  return g_f16;
+}
+
+MPI_Datatype THC_MPI_BFLOAT16(void) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_bf16 == MPI_DATATYPE_NULL) {
+    PMPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
+    PMPI_Type_commit(&g_bf16);
+  }
+  return g_bf16;
+}
+
+int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
+                    MPI_Op op, MPI_Comm comm, thc_state_t state) {
+  thc_dtype_t dt;
+  const bool avg = op != MPI_OP_NULL && op == g_avg;
+  const bool compressible = thc_dtype_of(datatype, &dt) && (op == MPI_SUM || avg);
+  if (!compressible) {
+    // Exact path, untouched (for THC_MPI_AVG on float/double: sum, then divide).
+    if (count > static_cast<size_t>(INT_MAX)) {
+      thc::capi::set_last_error("THC_Allreduce_x: exact fallback supports at most INT_MAX elements");
+      return MPI_ERR_COUNT;
+    }
+    int rc = PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm);
+    if (rc == MPI_SUCCESS && avg) {
+      int n;
+      PMPI_Comm_size(comm, &n);
+      if (datatype == MPI_FLOAT)
+        for (size_t i = 0; i < count; ++i) static_cast<float*>(recvbuf)[i] /= static_cast<float>(n);
+      else if (datatype == MPI_DOUBLE)
+        for (size_t i = 0; i < count; ++i) static_cast<double*>(recvbuf)[i] /= n;
+    }
+    return rc;
+  }
+  thc_comm_t tc;
+  if (comm_for(comm, &tc) != THC_SUCCESS) return MPI_ERR_OTHER;
+  const void* sb = sendbuf == MPI_IN_PLACE ? THC_IN_PLACE : sendbuf;
+  const thc_status_t st =
+      thc_allreduce_scheme(scheme, sb, recvbuf, count, dt, avg ? THC_OP_AVG : THC_OP_SUM, tc, state);
+  return st == THC_SUCCESS ? MPI_SUCCESS : MPI_ERR_OTHER;
+}
+
+int THC_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  if (count < 0) return MPI_ERR_COUNT;
+  thc_config_t cfg;
+  if (thc_config_init(&cfg) != THC_SUCCESS) return MPI_ERR_OTHER;
+  return THC_Allreduce_x(cfg.uniform ? THC_SCHEME_UHC : THC_SCHEME_THC, sendbuf, recvbuf, static_cast<size_t>(count),
+                         datatype, op, comm, nullptr);
+}
+
+int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  if (count < 0) return MPI_ERR_COUNT;
+  thc_config_t cfg;
+  if (thc_config_init(&cfg) != THC_SUCCESS) return MPI_ERR_OTHER;
+  return THC_Allreduce_x(cfg.nat_scheme == THC_SCHEME_DNAT ? THC_SCHEME_DNAT : THC_SCHEME_CNAT, sendbuf, recvbuf,
+                         static_cast<size_t>(count), datatype, op, comm, nullptr);
+}
+
+thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats) {
+  void* attr = nullptr;
+  int found = 0;
+  if (g_keyval != MPI_KEYVAL_INVALID) PMPI_Comm_get_attr(comm, g_keyval, &attr, &found);
+  if (!found) {
+    thc::capi::set_last_error("THC_Comm_stats: thc has not run on this communicator");
+    return THC_ERR_INVALID_ARG;
+  }
+  return thc_comm_stats(static_cast<thc_comm_t>(attr), stats);
+}
+
+}  // extern "C"

@@ -1,0 +1,26 @@
+// MPI backend. Uses only PMPI_* entry points so that the PMPI interposer (libthc_mpi.so), which
+// replaces MPI_Allreduce, never re-enters itself.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "transport/reducer.h"
+
+namespace thc::transport {
+
+// Throws thc::Error(kTransport) recording the call text, file:line and MPI's error string.
+#define THC_CHECK_MPI(call)                                                          \
+  do {                                                                               \
+    const int thc_mpi_rc_ = (call);                                                  \
+    if (thc_mpi_rc_ != MPI_SUCCESS) ::thc::transport::mpi_fail(thc_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+[[noreturn]] void mpi_fail(int rc, const char* call, const char* file, int line);
+
+// Duplicates comm (so thc traffic never matches the application's) and sets MPI_ERRORS_RETURN
+// on the duplicate. Collective over comm.
+std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm);
+
+}  // namespace thc::transport
