@@ -45,6 +45,7 @@ engine::DType to_dtype(thc_dtype_t t) {
     case THC_FLOAT16: return engine::DType::kF16;
     case THC_BFLOAT16: return engine::DType::kBF16;
     case THC_FLOAT64: return engine::DType::kF64;
+    default: break;
   }
   fail(Status::kInvalidArgument, "unknown datatype " + std::to_string(static_cast<int>(t)));
 }
@@ -98,6 +99,7 @@ const char* thc_status_string(thc_status_t s) {
     case THC_ERR_UNSUPPORTED: return "unsupported";
     case THC_ERR_NO_MEMORY: return "out of memory";
     case THC_ERR_INTERNAL: return "internal error";
+    default: break;
   }
   return "unknown status";
 }

@@ -139,6 +139,7 @@ int64_t load_int(IntType t, const void* base, uint64_t i) {
 }
 
 void pack_bits(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
+  if (n == 0) return;
   if (bits == 8) {
     std::memcpy(out, codes, n);
     return;
@@ -161,6 +162,7 @@ void pack_bits(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
 }
 
 void unpack_bits(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
+  if (n == 0) return;
   if (bits == 8) {
     std::memcpy(codes, packed, n);
     return;

@@ -30,13 +30,16 @@ typedef enum {
   THC_ERR_TIMEOUT = 6,       /* a peer or the aggregator did not answer in time */
   THC_ERR_UNSUPPORTED = 7,   /* feature not built in or not available */
   THC_ERR_NO_MEMORY = 8,
-  THC_ERR_INTERNAL = 9
+  THC_ERR_INTERNAL = 9,
+  THC_STATUS_MAX_ENUM = 0x7FFFFFFF
 } thc_status_t;
 
-typedef enum { THC_FLOAT32 = 0, THC_FLOAT16 = 1, THC_BFLOAT16 = 2, THC_FLOAT64 = 3 } thc_dtype_t;
-typedef enum { THC_OP_SUM = 0, THC_OP_AVG = 1 } thc_op_t;
-typedef enum { THC_SCHEME_THC = 0, THC_SCHEME_UHC = 1, THC_SCHEME_CNAT = 2, THC_SCHEME_DNAT = 3 } thc_scheme_t;
-typedef enum { THC_ALGO_AUTO = 0, THC_ALGO_INT = 1, THC_ALGO_PS = 2 } thc_algo_t;
+/* Each enum carries a *_MAX_ENUM member so any int a C caller passes is a valid value of the
+ * type (the library then rejects unknown values with THC_ERR_INVALID_ARG). */
+typedef enum { THC_FLOAT32 = 0, THC_FLOAT16 = 1, THC_BFLOAT16 = 2, THC_FLOAT64 = 3, THC_DTYPE_MAX_ENUM = 0x7FFFFFFF } thc_dtype_t;
+typedef enum { THC_OP_SUM = 0, THC_OP_AVG = 1, THC_OP_MAX_ENUM = 0x7FFFFFFF } thc_op_t;
+typedef enum { THC_SCHEME_THC = 0, THC_SCHEME_UHC = 1, THC_SCHEME_CNAT = 2, THC_SCHEME_DNAT = 3, THC_SCHEME_MAX_ENUM = 0x7FFFFFFF } thc_scheme_t;
+typedef enum { THC_ALGO_AUTO = 0, THC_ALGO_INT = 1, THC_ALGO_PS = 2, THC_ALGO_MAX_ENUM = 0x7FFFFFFF } thc_algo_t;
 
 #define THC_IN_PLACE ((const void*)1)
 
