@@ -5,7 +5,7 @@
 #
 # Usage:
 #   netns_cluster.sh [--hosts N] [--rate 1gbit|none] [--prefix P] [--slots K]
-#                    [--burst 256kb] [--latency 50ms] [--no-uts] [--keep-going]
+#                    [--burst 256kb] [--latency 50ms] [--no-uts]
 #                    -- <command ...>
 #
 # Topology (all links live only inside namespaces created here; nothing is
@@ -34,7 +34,8 @@
 #
 # Everything (namespaces, veths, bridge, qdiscs, temp dir, processes left in
 # the namespaces) is torn down on exit, including on failure, Ctrl-C or TERM.
-# The exit status is the command's exit status (or 1xx on setup failure).
+# The exit status is the command's exit status (setup failures: non-zero;
+# 2 = bad usage, 101 = a link did not come up, 130/143 = INT/TERM).
 
 set -euo pipefail
 
@@ -87,6 +88,7 @@ hostns() { echo "${PREFIX}-h$1"; }
 hostip() { echo "${SUBNET_BASE}.$(( $1 + 1 ))"; }
 
 log() { echo "[netns_cluster:$PREFIX] $*" >&2; }
+TMPD=""
 
 # ---------------------------------------------------------------- teardown --
 # Kill whatever still runs inside one of OUR namespaces (by pid), then delete
@@ -99,7 +101,12 @@ kill_ns_pids() {
 }
 
 destroy_prefix() {
-  local nss ns i
+  local nss ns i d
+  # temp dirs of earlier runs with this prefix that died without cleanup
+  # (only our own layout: /tmp/<P>.XXXXXX containing the generated agent)
+  for d in /tmp/"${PREFIX}".??????; do
+    [[ -d "$d" && -f "$d/rsh_agent.sh" && "$d" != "$TMPD" ]] && rm -rf -- "$d"
+  done
   # exact prefix match: "<P>-br" or "<P>-h<digits>"
   nss=$(ip netns list 2>/dev/null | awk '{print $1}' \
         | grep -E "^${PREFIX//./\\.}-(br|h[0-9]+)$" || true)
@@ -115,7 +122,6 @@ destroy_prefix() {
   for ns in $nss; do ip netns delete "$ns" 2>/dev/null || true; done
 }
 
-TMPD=""
 CMD_PID=""
 cleanup() {
   local rc=$?
@@ -172,15 +178,17 @@ for (( i = 0; i < NHOSTS; i++ )); do
   echo "$ipaddr $ns h$i" >> "$TMPD/hostmap"
 done
 
-# Wait until h0 can reach every host (veth/bridge carrier is usually instant).
-for (( i = 1; i < NHOSTS; i++ )); do
+# Wait until every host link reports carrier (veth/bridge is usually instant;
+# no ping dependency).
+for (( i = 0; i < NHOSTS; i++ )); do
   ok=0
   for try in $(seq 1 50); do
-    if ip netns exec "$(hostns 0)" ping -c1 -W1 -q "$(hostip "$i")" >/dev/null 2>&1; then ok=1; break; fi
+    if ip -n "$(hostns "$i")" -br link show eth0 2>/dev/null | grep -qw UP \
+       && ip -n "$BRNS" -br link show "vh$i" 2>/dev/null | grep -qw UP; then ok=1; break; fi
     sleep 0.1
   done
-  (( ok )) || { log "host $(hostip "$i") not reachable from h0"; exit 101; }
-done 2>/dev/null || true
+  (( ok )) || { log "link of host $(hostip "$i") did not come up"; exit 101; }
+done
 
 # rsh agent: Open MPI calls "<agent> [opts] <host> <orted command words...>".
 # Map the host IP to its namespace and run the command there with sh -c.
