@@ -1,0 +1,498 @@
+// thc_allreduce_perf: allreduce bandwidth and accuracy, nccl-tests conventions.
+//
+//   mpirun -np 4 thc_allreduce_perf -b 1M -e 256M -f 2 --scheme thc --algo ps
+//
+// One row per size: size count type redop time algbw busbw, computed as nccl-tests does
+// (size = the input's uncompressed bytes, time = average over -n iterations of the slowest rank,
+// algbw = size / time, busbw = algbw * 2(n-1)/n), then
+//   wire_B/elem  bytes each rank sends per element (= receives): for thc schemes from
+//                thc_comm_stats, (up + down) * (n-1)/n -- a ring allreduce of values moves
+//                (n-1)/n of them in each phase, the colocated PS (n-1)/n of the indices up and
+//                of the sums down; for --scheme none a ring allreduce's 2(n-1)/n * element size
+//   nmse         ||est - exact||^2 / ||exact||^2 over the -c check iterations (worst), where exact
+//                is MPI_Allreduce on MPI_DOUBLE of the same (typed) inputs
+//   algo         int | ps (what thc ran) or mpi (--scheme none)
+// instead of #wrong. Exits 1 when a check exceeds --nmse-bound.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/engine/dtype.h"
+#include "thc/thc_mpi.h"
+
+// The aggregator client may not be part of this libthc (yet): bind weakly and report it.
+#pragma weak thc_comm_create_aggregator
+
+namespace {
+
+using thc::engine::bf16_to_float;
+using thc::engine::float_to_bf16;
+using thc::engine::float_to_half;
+using thc::engine::half_to_float;
+
+int g_rank = 0, g_size = 1;
+
+// A usage or configuration error every rank detects alike: rank 0 says it, all leave cleanly.
+[[noreturn]] void die_all(const std::string& msg) {
+  if (g_rank == 0) std::fprintf(stderr, "thc_allreduce_perf: %s\n", msg.c_str());
+  std::fflush(stderr);
+  MPI_Finalize();
+  std::exit(2);
+}
+
+// A runtime failure (possibly on one rank only): abort the job.
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "thc_allreduce_perf[%d]: %s\n", g_rank, msg.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::exit(2);
+}
+
+// ---- sizes: "64", "4K", "1M", "1G" (powers of 1024, as nccl-tests)
+bool parse_size(const std::string& s, uint64_t* out) {
+  if (s.empty()) return false;
+  size_t i = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 0) return false;
+  uint64_t v = std::stoull(s.substr(0, i));
+  const std::string suf = s.substr(i);
+  uint64_t mul = 1;
+  if (suf.empty() || suf == "B" || suf == "b") mul = 1;
+  else if (suf == "K" || suf == "k" || suf == "KB" || suf == "KiB") mul = uint64_t{1} << 10;
+  else if (suf == "M" || suf == "m" || suf == "MB" || suf == "MiB") mul = uint64_t{1} << 20;
+  else if (suf == "G" || suf == "g" || suf == "GB" || suf == "GiB") mul = uint64_t{1} << 30;
+  else return false;
+  *out = v * mul;
+  return true;
+}
+
+// ---- element types
+struct TypeInfo {
+  const char* name;
+  size_t size;
+  thc_dtype_t thc;
+};
+TypeInfo type_info(const std::string& d) {
+  if (d == "float" || d == "float32") return {"float", 4, THC_FLOAT32};
+  if (d == "half" || d == "float16") return {"half", 2, THC_FLOAT16};
+  if (d == "bfloat16" || d == "bf16") return {"bfloat16", 2, THC_BFLOAT16};
+  if (d == "double" || d == "float64") return {"double", 8, THC_FLOAT64};
+  die_all("unknown -d type '" + d + "' (float, half, bfloat16, double)");
+}
+
+double load(const void* buf, thc_dtype_t t, size_t i) {
+  switch (t) {
+    case THC_FLOAT32: return static_cast<const float*>(buf)[i];
+    case THC_FLOAT64: return static_cast<const double*>(buf)[i];
+    case THC_FLOAT16: return half_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case THC_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(buf)[i]);
+    default: break;
+  }
+  return 0;
+}
+void store(void* buf, thc_dtype_t t, size_t i, double v) {
+  switch (t) {
+    case THC_FLOAT32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+    case THC_FLOAT64: static_cast<double*>(buf)[i] = v; break;
+    case THC_FLOAT16: static_cast<uint16_t*>(buf)[i] = float_to_half(static_cast<float>(v)); break;
+    case THC_BFLOAT16: static_cast<uint16_t*>(buf)[i] = float_to_bf16(static_cast<float>(v)); break;
+    default: break;
+  }
+}
+
+// 16-bit float SUM for --scheme none (MPI has no half/bfloat16 arithmetic of its own): the sum of
+// two values is computed in float and rounded back, as a 16-bit MPI_Allreduce would.
+MPI_Datatype g_f16 = MPI_DATATYPE_NULL, g_bf16 = MPI_DATATYPE_NULL;
+void sum16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  if (*dt == g_f16) {
+    for (int i = 0; i < *len; ++i) b[i] = float_to_half(half_to_float(a[i]) + half_to_float(b[i]));
+  } else {
+    for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+  }
+}
+MPI_Op g_sum16 = MPI_OP_NULL;
+
+MPI_Datatype mpi_type(thc_dtype_t t) {
+  switch (t) {
+    case THC_FLOAT32: return MPI_FLOAT;
+    case THC_FLOAT64: return MPI_DOUBLE;
+    case THC_FLOAT16: return g_f16;
+    case THC_BFLOAT16: return g_bf16;
+    default: break;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// MPI counts are int: reduce in pieces of at most 2^30 elements.
+void mpi_allreduce_big(const void* send, void* recv, size_t count, MPI_Datatype dt, size_t esize, MPI_Op op) {
+  const size_t piece = size_t{1} << 30;
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += piece) {
+    const size_t m = std::min(piece, count - off);
+    const char* s = send == MPI_IN_PLACE ? static_cast<const char*>(MPI_IN_PLACE)
+                                         : static_cast<const char*>(send) + off * esize;
+    const int rc = MPI_Allreduce(s, static_cast<char*>(recv) + off * esize, static_cast<int>(m), dt, op, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) die("MPI_Allreduce failed");
+    if (count == 0) break;
+  }
+}
+
+struct Options {
+  std::string min_s = "32M", max_s = "32M", step_s = "1M";
+  uint64_t min_bytes = 0, max_bytes = 0, step_bytes = 0;
+  double factor = 1;
+  int iters = 20, warmup = 5, checks = 1;
+  std::string dtype = "float", op = "sum", scheme = "none", algo = "auto";
+  int bits = -1, granularity = -1, nat_width = -1, nat_levels = -1, bidir = -1;
+  std::string p, dnat_norm;
+  long block = -1;
+  bool ef = false;
+  uint64_t seed = 0;
+  std::string json, aggregator;
+  double nmse_bound = -1;
+};
+
+struct Row {
+  uint64_t size, count;
+  std::string type, redop, algo;
+  double time_us, algbw, busbw, wire, nmse;
+};
+
+double parse_fraction(const std::string& s) {
+  const auto slash = s.find('/');
+  try {
+    if (slash != std::string::npos) return std::stod(s.substr(0, slash)) / std::stod(s.substr(slash + 1));
+    size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used != s.size()) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    die_all("--p '" + s + "' is not a number");
+  }
+}
+
+std::string json_num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"thc_allreduce_perf: allreduce time, algbw, busbw (nccl-tests conventions), bytes on the wire and "
+               "NMSE of THC, uniform THC, Cnat and natural dithering against float MPI_Allreduce. Run under mpirun."};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last wins, as getopt
+  app.add_option("-b,--minbytes", o.min_s, "minimum size in bytes (K/M/G suffixes)");
+  app.add_option("-e,--maxbytes", o.max_s, "maximum size in bytes");
+  app.add_option("-i,--stepbytes", o.step_s, "increment between sizes (when -f is 1)");
+  app.add_option("-f,--stepfactor", o.factor, "multiplication factor between sizes");
+  app.add_option("-n,--iters", o.iters, "timed iterations")->check(CLI::Range(1, 1 << 30));
+  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations")->check(CLI::Range(0, 1 << 30));
+  app.add_option("-c,--check", o.checks, "check iterations (NMSE against an exact float64 allreduce; 0 = none)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("-d,--datatype", o.dtype, "float | half | bfloat16 | double");
+  app.add_option("-o,--op", o.op, "sum | avg")->check(CLI::IsMember({"sum", "avg"}));
+  app.add_option("--scheme", o.scheme, "none (float MPI_Allreduce) | thc | uhc | cnat | dnat")
+      ->check(CLI::IsMember({"none", "thc", "uhc", "cnat", "dnat"}));
+  app.add_option("--algo", o.algo, "auto | int (integer allreduce of values) | ps (colocated parameter server)");
+  app.add_option("--bits", o.bits, "THC index bits b (default THC_BITS or 4)");
+  app.add_option("--granularity,-g", o.granularity, "THC granularity g (default THC_GRANULARITY or 30)");
+  app.add_option("--p", o.p, "THC truncation fraction p (accepts 1/32)");
+  app.add_option("--block", o.block, "RHT / prelude block in elements (power of two 1024..1048576)");
+  app.add_option("--nat-width", o.nat_width, "Cnat/Dnat sum width (8, 16, 32)");
+  app.add_option("--nat-levels", o.nat_levels, "Cnat/Dnat levels (0 = widest that fits)");
+  app.add_option("--dnat-norm", o.dnat_norm, "natural dithering norm: 2 | inf")->check(CLI::IsMember({"2", "inf"}));
+  app.add_option("--bidir", o.bidir, "1: the colocated PS re-compresses Cnat/Dnat sums downstream");
+  app.add_flag("--ef", o.ef, "error feedback (one residual per size)");
+  app.add_option("--seed", o.seed, "seed of the inputs and of thc's randomness (0: inputs 1, thc draws one)");
+  app.add_option("--json", o.json, "write every row (and the configuration) to this JSON file");
+  app.add_option("--nmse-bound", o.nmse_bound,
+                 "fail (exit 1) when a check's NMSE exceeds this (default 0.1 compressed; none: 1e-10 float, "
+                 "1e-24 double, 1e-5 half, 1e-3 bfloat16)");
+  app.add_option("--aggregator", o.aggregator, "udp://HOST:PORT: reduce thc codes at a thc-aggregator instead of MPI");
+
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = 0;
+    if (g_rank == 0) rc = app.exit(e);
+    else rc = e.get_exit_code();
+    MPI_Finalize();
+    return rc;
+  }
+
+  if (!parse_size(o.min_s, &o.min_bytes)) die_all("bad -b size '" + o.min_s + "'");
+  if (!parse_size(o.max_s, &o.max_bytes)) die_all("bad -e size '" + o.max_s + "'");
+  if (!parse_size(o.step_s, &o.step_bytes)) die_all("bad -i size '" + o.step_s + "'");
+  if (o.max_bytes < o.min_bytes) die_all("-e must be at least -b");
+  if (o.factor <= 1 && o.step_bytes == 0 && o.max_bytes > o.min_bytes) die_all("-i 0 with -f 1 would never reach -e");
+  if (o.factor < 1) die_all("-f must be at least 1");
+  const TypeInfo ti = type_info(o.dtype);
+  const bool none = o.scheme == "none";
+  const bool avg = o.op == "avg";
+  thc_scheme_t scheme = THC_SCHEME_THC;
+  if (o.scheme == "uhc") scheme = THC_SCHEME_UHC;
+  else if (o.scheme == "cnat") scheme = THC_SCHEME_CNAT;
+  else if (o.scheme == "dnat") scheme = THC_SCHEME_DNAT;
+  int algo = THC_ALGO_AUTO;
+  if (o.algo == "auto") algo = THC_ALGO_AUTO;
+  else if (o.algo == "int") algo = THC_ALGO_INT;
+  else if (o.algo == "ps") algo = THC_ALGO_PS;
+  else die_all("--algo '" + o.algo + "' is not available in this build (auto, int, ps)");
+  double bound = o.nmse_bound;
+  if (bound < 0) {
+    if (!none) bound = 0.1;
+    else if (ti.thc == THC_FLOAT32) bound = 1e-10;
+    else if (ti.thc == THC_FLOAT64) bound = 1e-24;
+    else if (ti.thc == THC_FLOAT16) bound = 1e-5;
+    else bound = 1e-3;
+  }
+
+  MPI_Type_contiguous(2, MPI_BYTE, &g_f16);
+  MPI_Type_commit(&g_f16);
+  MPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
+  MPI_Type_commit(&g_bf16);
+  MPI_Op_create(sum16, 1, &g_sum16);
+
+  // ---- thc communicator
+  thc_config_t cfg;
+  if (thc_config_init(&cfg) != THC_SUCCESS) die_all(std::string("THC_* environment: ") + thc_last_error());
+  if (o.bits >= 0) cfg.bits = o.bits;
+  if (o.granularity >= 0) cfg.granularity = o.granularity;
+  if (!o.p.empty()) cfg.p = parse_fraction(o.p);
+  if (o.block >= 0) cfg.block = o.block;
+  if (o.nat_width >= 0) cfg.nat_width = o.nat_width;
+  if (o.nat_levels >= 0) cfg.nat_levels = o.nat_levels;
+  if (!o.dnat_norm.empty()) cfg.dnat_norm = o.dnat_norm == "inf" ? 0 : 2;
+  if (o.bidir >= 0) cfg.bidir = o.bidir;
+  if (o.seed) cfg.seed = o.seed;
+  cfg.algo = algo;
+  thc_comm_t tc = nullptr;
+  if (!none) {
+    thc_status_t st;
+    if (!o.aggregator.empty()) {
+      if (&thc_comm_create_aggregator == nullptr)
+        die_all("--aggregator: the aggregator client is not available in this build of libthc");
+      uint64_t ids[2] = {0, 0};
+      if (g_rank == 0) {
+        std::random_device rd;
+        ids[0] = (static_cast<uint64_t>(rd()) << 32) | rd();
+        ids[1] = (static_cast<uint64_t>(rd()) << 32) | rd();
+      }
+      MPI_Bcast(ids, 2, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+      st = thc_comm_create_aggregator(o.aggregator.c_str(), g_rank, g_size, static_cast<uint32_t>(ids[0]), ids[1],
+                                      &cfg, &tc);
+      if (st == THC_ERR_UNSUPPORTED)
+        die_all("--aggregator " + o.aggregator + " is not available in this build: " + thc_last_error());
+    } else {
+      st = thc_comm_create_mpi(MPI_COMM_WORLD, &cfg, &tc);
+    }
+    if (st != THC_SUCCESS)
+      die(std::string("creating the thc communicator") +
+          (o.aggregator.empty() ? std::string() : " (aggregator " + o.aggregator + ")") + ": " + thc_last_error());
+  }
+
+  // ---- header (nccl-tests style)
+  if (g_rank == 0) {
+    std::printf("# thc_allreduce_perf (thc %s): nRanks %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
+                "iters: %d check iters: %d\n",
+                thc_version(), g_size, static_cast<unsigned long long>(o.min_bytes),
+                static_cast<unsigned long long>(o.max_bytes),
+                static_cast<unsigned long long>(o.factor > 1 ? static_cast<uint64_t>(o.factor) : o.step_bytes),
+                o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.checks);
+    if (none) {
+      std::printf("# scheme: none (MPI_Allreduce on %s)", ti.name);
+    } else {
+      std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
+      if (scheme == THC_SCHEME_THC || scheme == THC_SCHEME_UHC)
+        std::printf(" bits: %d granularity: %d p: %g", cfg.bits, cfg.granularity, cfg.p);
+      else
+        std::printf(" nat_width: %d nat_levels: %d%s bidir: %d", cfg.nat_width, cfg.nat_levels,
+                    scheme == THC_SCHEME_DNAT ? (cfg.dnat_norm == 0 ? " norm: inf" : " norm: 2") : "", cfg.bidir);
+      std::printf(" block: %ld ef: %d%s%s", cfg.block, o.ef ? 1 : 0,
+                  o.aggregator.empty() ? "" : " aggregator: ", o.aggregator.c_str());
+    }
+    std::printf(" nmse bound: %g\n#\n# Using ranks\n", bound);
+  }
+  {
+    char host[64] = {0};
+    gethostname(host, sizeof host - 1);
+    char line[160];
+    std::snprintf(line, sizeof line, "#  Rank %2d Pid %6d on %10s", g_rank, static_cast<int>(getpid()), host);
+    std::vector<char> all(g_rank == 0 ? 160 * g_size : 1);
+    MPI_Gather(line, 160, MPI_CHAR, all.data(), 160, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (g_rank == 0)
+      for (int r = 0; r < g_size; ++r) std::printf("%s\n", all.data() + 160 * r);
+  }
+  if (g_rank == 0) {
+    std::printf("#\n");
+    std::printf("# %10s  %12s  %8s  %6s  %10s  %8s  %8s  %11s  %10s  %4s\n", "size", "count", "type", "redop", "time",
+                "algbw", "busbw", "wire_B/elem", "nmse", "algo");
+    std::printf("# %10s  %12s  %8s  %6s  %10s  %8s  %8s  %11s  %10s  %4s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "", "");
+    std::fflush(stdout);
+  }
+
+  const MPI_Datatype mdt = mpi_type(ti.thc);
+  const MPI_Op mop = (ti.thc == THC_FLOAT16 || ti.thc == THC_BFLOAT16) ? g_sum16 : MPI_SUM;
+  const thc_op_t top = avg ? THC_OP_AVG : THC_OP_SUM;
+  std::vector<Row> rows;
+  bool failed = false;
+
+  for (uint64_t size = o.min_bytes; size <= o.max_bytes;
+       size = o.factor > 1 ? std::max<uint64_t>(size + 1, static_cast<uint64_t>(size * o.factor)) : size + o.step_bytes) {
+    const size_t count = size / ti.size;
+    const uint64_t bytes = count * ti.size;
+    std::vector<char> send(bytes + 8), recv(bytes + 8);
+    {
+      std::mt19937_64 gen((o.seed ? o.seed : 1) * 1000003ull + static_cast<uint64_t>(g_rank) * 7919ull + count);
+      std::normal_distribution<double> n01;
+      for (size_t i = 0; i < count; ++i) store(send.data(), ti.thc, i, n01(gen));
+    }
+    thc_state_t state = nullptr;
+    if (o.ef && !none && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
+
+    auto run_once = [&]() {
+      if (none) {
+        mpi_allreduce_big(send.data(), recv.data(), count, mdt, ti.size, mop);
+        if (avg)
+          for (size_t i = 0; i < count; ++i) store(recv.data(), ti.thc, i, load(recv.data(), ti.thc, i) / g_size);
+      } else if (thc_allreduce_scheme(scheme, send.data(), recv.data(), count, ti.thc, top, tc, state) != THC_SUCCESS) {
+        die(std::string("thc_allreduce_scheme: ") + thc_last_error());
+      }
+    };
+
+    for (int i = 0; i < o.warmup; ++i) run_once();
+    thc_stats_t s0{}, s1{};
+    if (!none) thc_comm_stats(tc, &s0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    for (int i = 0; i < o.iters; ++i) run_once();
+    double dt = (MPI_Wtime() - t0) / o.iters, dtmax = 0;
+    MPI_Allreduce(&dt, &dtmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (!none) thc_comm_stats(tc, &s1);
+
+    Row row;
+    row.size = bytes;
+    row.count = count;
+    row.type = ti.name;
+    row.redop = o.op;
+    row.time_us = dtmax * 1e6;
+    row.algbw = dtmax > 0 ? static_cast<double>(bytes) / 1e9 / dtmax : 0;
+    row.busbw = row.algbw * (g_size > 1 ? 2.0 * (g_size - 1) / g_size : 0.0);
+    const double share = g_size > 1 ? (g_size - 1.0) / g_size : 0.0;
+    if (none) {
+      row.wire = 2.0 * share * static_cast<double>(ti.size);
+      row.algo = "mpi";
+    } else {
+      const double elems = static_cast<double>(s1.elements - s0.elements);
+      const double wb = static_cast<double>((s1.wire_bytes_up - s0.wire_bytes_up) + (s1.wire_bytes_down - s0.wire_bytes_down));
+      row.wire = elems > 0 ? share * wb / elems : 0;
+      row.algo = s1.calls == 0 ? "-" : (s1.last_algo == THC_ALGO_PS ? "ps" : "int");
+    }
+
+    // ---- checks: worst NMSE against MPI_Allreduce in float64 of the same (typed) inputs
+    row.nmse = 0;
+    if (o.checks > 0) {
+      std::vector<double> in(count), exact(count);
+      for (size_t i = 0; i < count; ++i) in[i] = load(send.data(), ti.thc, i);
+      mpi_allreduce_big(in.data(), exact.data(), count, MPI_DOUBLE, 8, MPI_SUM);
+      if (avg)
+        for (auto& v : exact) v /= g_size;
+      thc_state_t cstate = nullptr;  // checks keep their own error-feedback residual
+      if (o.ef && !none && thc_state_create(&cstate) != THC_SUCCESS) die(thc_last_error());
+      std::swap(state, cstate);
+      for (int c = 0; c < o.checks; ++c) {
+        run_once();
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < count; ++i) {
+          const double d = load(recv.data(), ti.thc, i) - exact[i];
+          err += d * d;
+          ref += exact[i] * exact[i];
+        }
+        // Every rank should hold the same result; take the worst rank (it catches one that
+        // disagrees).
+        const double mine = ref > 0 ? err / ref : (err > 0 ? INFINITY : 0.0);
+        double worst = 0;
+        MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        row.nmse = std::max(row.nmse, worst);
+      }
+      std::swap(state, cstate);
+      if (cstate) thc_state_destroy(cstate);
+    }
+    if (state) thc_state_destroy(state);
+    const bool bad = !(row.nmse <= bound);
+    failed |= bad;
+    rows.push_back(row);
+    if (g_rank == 0) {
+      std::printf("  %10llu  %12llu  %8s  %6s  %10.1f  %8.3f  %8.3f  %11.4f  %10.3e  %4s%s\n",
+                  static_cast<unsigned long long>(row.size), static_cast<unsigned long long>(row.count),
+                  row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, row.wire, row.nmse,
+                  row.algo.c_str(), bad ? "  FAILED" : "");
+      std::fflush(stdout);
+    }
+    if (o.factor <= 1 && o.step_bytes == 0) break;
+  }
+
+  double avg_bus = 0, worst = 0;
+  for (const auto& r : rows) {
+    avg_bus += r.busbw;
+    worst = std::max(worst, r.nmse);
+  }
+  if (!rows.empty()) avg_bus /= static_cast<double>(rows.size());
+  if (g_rank == 0) {
+    std::printf("# Avg bus bandwidth    : %g\n", avg_bus);
+    std::printf("# Worst NMSE           : %g (bound %g) %s\n#\n", worst, bound, failed ? "FAILED" : "OK");
+    std::fflush(stdout);
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      if (!f) die("cannot write --json file '" + o.json + "'");
+      f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
+        << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
+        << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
+      if (!none)
+        f << ",\n  \"config\": {\"bits\": " << cfg.bits << ", \"granularity\": " << cfg.granularity << ", \"p\": "
+          << json_num(cfg.p) << ", \"block\": " << cfg.block << ", \"nat_width\": " << cfg.nat_width
+          << ", \"nat_levels\": " << cfg.nat_levels << ", \"dnat_norm\": " << cfg.dnat_norm << ", \"bidir\": "
+          << cfg.bidir << ", \"ef\": " << (o.ef ? 1 : 0) << "}";
+      f << ",\n  \"nmse_bound\": " << json_num(bound) << ",\n  \"rows\": [";
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        f << (i ? ",\n" : "\n") << "    {\"size\": " << r.size << ", \"count\": " << r.count << ", \"type\": \""
+          << r.type << "\", \"redop\": \"" << r.redop << "\", \"time_us\": " << json_num(r.time_us)
+          << ", \"algbw\": " << json_num(r.algbw) << ", \"busbw\": " << json_num(r.busbw)
+          << ", \"wire_bytes_per_elem\": " << json_num(r.wire) << ", \"nmse\": " << json_num(r.nmse)
+          << ", \"algo\": \"" << r.algo << "\"}";
+      }
+      f << "\n  ],\n  \"avg_busbw\": " << json_num(avg_bus) << ",\n  \"worst_nmse\": " << json_num(worst)
+        << ",\n  \"ok\": " << (failed ? "false" : "true") << "\n}\n";
+      if (!f) die("writing --json file '" + o.json + "' failed");
+    }
+  }
+  if (tc) thc_comm_destroy(tc);
+  MPI_Op_free(&g_sum16);
+  MPI_Type_free(&g_f16);
+  MPI_Type_free(&g_bf16);
+  MPI_Finalize();
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# compare.sh -- float32 MPI_Allreduce vs THC vs Cnat (integer allreduce and colocated PS) on an
+# emulated cluster: N hosts (default 4) at 1 Gbit/s and unshaped, sizes 1 MB .. 256 MB.
+#
+# Usage:
+#   perf/compare.sh [--out DIR] [--np N] [--rates "1gbit none"] [--min-size 1M] [--max-size 256M]
+#                   [--iters 5] [--warmup 1] [--checks 1] [--bin-dir DIR] [--local]
+#                   [--configs "none thc-int thc-ps cnat-int cnat-ps"] [-- EXTRA_TOOL_ARGS...]
+#
+#   --out DIR       where results go (default perf-compare-YYYYmmdd-HHMMSS)
+#   --np N          ranks = emulated hosts (default 4)
+#   --rates LIST    netns_cluster.sh --rate values (default "1gbit none")
+#   --min-size S    smallest size (default 1M); --max-size S largest (default 256M); factor 2
+#   --iters/--warmup/--checks   thc_allreduce_perf -n / -w / -c
+#   --bin-dir DIR   directory holding thc_allreduce_perf (default: build*/perf/allreduce_perf or PATH)
+#   --local         no testbed: plain `mpirun --oversubscribe` on this machine, unshaped only
+#   --configs LIST  subset of: none thc-int thc-ps cnat-int cnat-ps (uhc-*, dnat-* also accepted)
+#   after --         extra arguments for every thc_allreduce_perf run (e.g. --bits 2 --block 1M)
+#
+# Each run goes through perf/testbed/netns_cluster.sh (network namespaces, a bridge and tbf
+# shaping; needs root), one testbed per rate, which exports THC_TESTBED_MPIRUN_ARGS for mpirun.
+#
+# Output in DIR:
+#   raw/<rate>_<config>.json|.log   every thc_allreduce_perf run (--json rows and its stdout/stderr)
+#   results.md                      markdown tables: time and busbw per size, wire bytes, NMSE
+#   compare.png                     time and busbw against size (gnuplot; python3-matplotlib fallback)
+#   data/<rate>_<config>.dat        the plotted numbers (size_bytes time_us busbw_GBps)
+# Exit status: 0 when every run succeeded, 1 when some run failed (its row says so), 2 on usage
+# errors, 3 when the plot could not be drawn.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+die() { echo "compare.sh: $*" >&2; exit 2; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+OUT="perf-compare-$(date +%Y%m%d-%H%M%S)"
+NP=4
+RATES="1gbit none"
+MIN=1M
+MAX=256M
+ITERS=5
+WARMUP=1
+CHECKS=1
+BIN_DIR=""
+LOCAL=0
+CONFIGS="none thc-int thc-ps cnat-int cnat-ps"
+EXTRA=()
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --np|--hosts) NP="$2"; shift 2 ;;
+    --rates) RATES="$2"; shift 2 ;;
+    --min-size) MIN="$2"; shift 2 ;;
+    --max-size) MAX="$2"; shift 2 ;;
+    --iters) ITERS="$2"; shift 2 ;;
+    --warmup) WARMUP="$2"; shift 2 ;;
+    --checks) CHECKS="$2"; shift 2 ;;
+    --bin-dir) BIN_DIR="$2"; shift 2 ;;
+    --local) LOCAL=1; shift ;;
+    --configs) CONFIGS="$2"; shift 2 ;;
+    -h|--help) usage ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+
+[[ "$NP" =~ ^[0-9]+$ ]] && (( NP >= 1 )) || die "--np must be a positive integer"
+for n in "$ITERS" "$WARMUP" "$CHECKS"; do [[ "$n" =~ ^[0-9]+$ ]] || die "--iters/--warmup/--checks must be integers"; done
+for s in "$MIN" "$MAX"; do [[ "$s" =~ ^[0-9]+[KMGkmg]?$ ]] || die "sizes look like 64K, 1M, 256M (got '$s')"; done
+for c in $CONFIGS; do
+  [[ "$c" == none || "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)$ ]] || die "unknown config '$c'"
+done
+
+# ---- the tool
+TOOL=""
+if [[ -n "$BIN_DIR" ]]; then
+  TOOL="$BIN_DIR/thc_allreduce_perf"
+else
+  for cand in "$ROOT"/build*/perf/allreduce_perf/thc_allreduce_perf; do
+    [[ -x "$cand" ]] && { TOOL="$cand"; break; }
+  done
+  [[ -z "$TOOL" ]] && TOOL=$(command -v thc_allreduce_perf || true)
+fi
+[[ -n "$TOOL" && -x "$TOOL" ]] || die "thc_allreduce_perf not found (build it, or pass --bin-dir DIR)"
+TOOL=$(cd "$(dirname "$TOOL")" && pwd)/$(basename "$TOOL")
+command -v python3 >/dev/null || die "python3 is needed to write the tables"
+
+TESTBED="$HERE/testbed/netns_cluster.sh"
+if (( LOCAL )); then
+  RATES="local"
+else
+  [[ -x "$TESTBED" || -f "$TESTBED" ]] || die "testbed script $TESTBED not found (or use --local)"
+  [[ $(id -u) -eq 0 ]] || die "the network-namespace testbed needs root (or use --local)"
+fi
+
+mkdir -p "$OUT/raw" "$OUT/data"
+OUT=$(cd "$OUT" && pwd)
+
+# ---- one rate: a script that runs every config with the mpirun prefix it is given
+write_runner() {
+  {
+    echo '#!/usr/bin/env bash'
+    echo 'set -u'
+    printf 'TOOL=%q\nOUTDIR=%q\nCONFIGS=%q\n' "$TOOL" "$OUT" "$CONFIGS"
+    printf 'COMMON=(-b %q -e %q -f 2 -n %q -w %q -c %q)\n' "$MIN" "$MAX" "$ITERS" "$WARMUP" "$CHECKS"
+    printf 'EXTRA=('; for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do printf ' %q' "$e"; done; printf ' )\n'
+    cat <<'EOS'
+rate="$1"; shift   # then the mpirun command prefix
+status=0
+for c in $CONFIGS; do
+  if [[ "$c" == none ]]; then scheme=none; algo=auto; else scheme=${c%-*}; algo=${c#*-}; fi
+  log="$OUTDIR/raw/${rate}_$c.log"
+  echo "[compare.sh] rate=$rate config=$c" >&2
+  if ! "$@" "$TOOL" "${COMMON[@]}" --scheme "$scheme" --algo "$algo" "${EXTRA[@]+"${EXTRA[@]}"}" \
+       --json "$OUTDIR/raw/${rate}_$c.json" > "$log" 2>&1; then
+    status=1
+    echo "[compare.sh] rate=$rate config=$c FAILED (see $log)" >&2
+  fi
+  grep -E '^(#|  )' "$log" >&2 || true
+done
+exit $status
+EOS
+  } > "$1"
+  chmod 755 "$1"
+}
+
+RUNNER="$OUT/run_configs.sh"
+write_runner "$RUNNER"
+
+overall=0
+for rate in $RATES; do
+  rm -f "$OUT"/raw/"${rate}"_*.json
+  if [[ "$rate" == local ]]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none || overall=1
+  else
+    # The runner expands $THC_TESTBED_MPIRUN_ARGS inside the testbed's host namespace h0.
+    bash "$TESTBED" --hosts "$NP" --rate "$rate" --prefix "thccmp$$" -- \
+      bash -c 'r="$1"; shift; exec "$@" "$r" mpirun -np '"$NP"' $THC_TESTBED_MPIRUN_ARGS' _ "$rate" "$RUNNER" \
+      || overall=1
+  fi
+done
+
+# ---- tables and plot data
+python3 - "$OUT" "$RATES" "$CONFIGS" "$NP" <<'EOF'
+import json, os, sys
+out, rates, configs, np_ = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
+
+def human(b):
+    for unit, f in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b} B"
+
+md = [f"# thc_allreduce_perf comparison: {np_} ranks", "",
+      "time = average over -n iterations of the slowest rank; busbw = size/time * 2(n-1)/n (nccl-tests); "
+      "wire = bytes each rank sends per element; nmse against an exact float64 allreduce.", ""]
+for rate in rates:
+    runs = {}
+    for c in configs:
+        path = os.path.join(out, "raw", f"{rate}_{c}.json")
+        try:
+            with open(path) as f:
+                runs[c] = json.load(f)
+        except (OSError, ValueError):
+            runs[c] = None
+        with open(os.path.join(out, "data", f"{rate}_{c}.dat"), "w") as f:
+            f.write("# size_bytes time_us busbw_GBps\n")
+            for r in (runs[c] or {}).get("rows", []):
+                f.write(f"{r['size']} {r['time_us']} {r['busbw']}\n")
+    md.append(f"## rate: {rate}")
+    md.append("")
+    sizes = sorted({r["size"] for v in runs.values() if v for r in v["rows"]})
+    for title, key, fmt in (("time (ms)", "time_us", lambda v: f"{v / 1e3:.2f}"),
+                            ("busbw (GB/s)", "busbw", lambda v: f"{v:.3f}")):
+        md += [f"### {title}", "", "| size |" + "".join(f" {c} |" for c in configs),
+               "|---:|" + "---:|" * len(configs)]
+        for s in sizes:
+            line = f"| {human(s)} |"
+            for c in configs:
+                row = next((r for r in (runs[c] or {}).get("rows", []) if r["size"] == s), None)
+                line += " - |" if row is None else f" {fmt(row[key])} |"
+            md.append(line)
+        md.append("")
+    base = runs.get("none")
+    md += ["| config | algo ran | wire B/elem | worst nmse | speedup vs none at the largest size | status |",
+           "|---|---|---:|---:|---:|---|"]
+    for c in configs:
+        v = runs[c]
+        if not v or not v["rows"]:
+            md.append(f"| {c} | - | - | - | - | FAILED (see raw/{rate}_{c}.log) |")
+            continue
+        last = v["rows"][-1]
+        sp = "-"
+        if base and base["rows"] and c != "none":
+            b = next((r for r in base["rows"] if r["size"] == last["size"]), None)
+            if b and last["time_us"] > 0:
+                sp = f"{b['time_us'] / last['time_us']:.2f}x"
+        algos = sorted({r["algo"] for r in v["rows"]})
+        md.append(f"| {c} | {','.join(algos)} | {last['wire_bytes_per_elem']:.3f} | {v['worst_nmse']:.3g} | {sp} | "
+                  f"{'ok' if v['ok'] else 'NMSE above bound ' + str(v['nmse_bound'])} |")
+    md.append("")
+with open(os.path.join(out, "results.md"), "w") as f:
+    f.write("\n".join(md) + "\n")
+EOF
+
+# ---- plot: time and busbw against size
+plot_status=0
+series=()
+for rate in $RATES; do for c in $CONFIGS; do
+  f="$OUT/data/${rate}_$c.dat"
+  [[ $(grep -vc '^#' "$f" || true) -gt 0 ]] && series+=("$rate $c $f")
+done; done
+if (( ${#series[@]} == 0 )); then
+  echo "compare.sh: no data to plot" >&2; plot_status=3
+elif command -v gnuplot >/dev/null; then
+  gp="$OUT/compare.gp"
+  {
+    echo "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1400,600 noenhanced } else { set terminal png size 1400,600 noenhanced }"
+    echo "set output '$OUT/compare.png'"
+    echo "set multiplot layout 1,2 title 'thc_allreduce_perf, $NP ranks'"
+    echo "set logscale x 2; set grid; set key top left; set xlabel 'size (bytes)'"
+    echo "set format x '%.0b %BB'"
+    echo "set logscale y; set ylabel 'time (us)'; set title 'time'"
+    printf "plot "; sep=""
+    for s in "${series[@]}"; do read -r r c f <<<"$s"; printf "%s'%s' using 1:2 with linespoints title '%s %s'" "$sep" "$f" "$c" "$r"; sep=", "; done; echo
+    echo "unset logscale y; set ylabel 'busbw (GB/s)'; set title 'bus bandwidth'"
+    printf "plot "; sep=""
+    for s in "${series[@]}"; do read -r r c f <<<"$s"; printf "%s'%s' using 1:3 with linespoints title '%s %s'" "$sep" "$f" "$c" "$r"; sep=", "; done; echo
+    echo "unset multiplot"
+  } > "$gp"
+  gnuplot "$gp" || { echo "compare.sh: gnuplot failed" >&2; plot_status=3; }
+elif python3 -c 'import matplotlib' 2>/dev/null; then
+  python3 - "$OUT/compare.png" "$NP" "${series[@]}" <<'EOF'
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+png, np_ = sys.argv[1], sys.argv[2]
+fig, (a, b) = plt.subplots(1, 2, figsize=(14, 6))
+for s in sys.argv[3:]:
+    rate, c, path = s.split(" ", 2)
+    pts = [tuple(map(float, l.split())) for l in open(path) if l.strip() and not l.startswith("#")]
+    a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{c} {rate}")
+    b.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"{c} {rate}")
+for ax, yl in ((a, "time (us)"), (b, "busbw (GB/s)")):
+    ax.set_xscale("log", base=2); ax.set_xlabel("size (bytes)"); ax.set_ylabel(yl); ax.grid(True); ax.legend()
+a.set_yscale("log")
+fig.suptitle(f"thc_allreduce_perf, {np_} ranks")
+fig.tight_layout()
+fig.savefig(png, dpi=100)
+EOF
+  [[ $? -eq 0 ]] || plot_status=3
+else
+  echo "compare.sh: no plot: needs gnuplot (apt-get install gnuplot-nox) or python3-matplotlib" >&2
+  plot_status=3
+fi
+
+echo "compare.sh: results in $OUT/results.md" >&2
+[[ -f "$OUT/compare.png" ]] && echo "compare.sh: plot in $OUT/compare.png" >&2
+(( overall )) && exit 1
+(( plot_status )) && exit "$plot_status"
+exit 0
