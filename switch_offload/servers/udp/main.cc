@@ -1,0 +1,122 @@
+// thc-aggregator: the software aggregator (parameter server / switch emulator) over UDP.
+//
+//   thc-aggregator --port 4791 --threads 2 [--bind 127.0.0.1] [--stats-interval 10]
+//                  [--max-jobs 64] [--max-memory 1G] [--fault-drop 0.01 ...]
+//
+// SIGINT/SIGTERM stop it cleanly and print the final counters.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <string>
+
+#include "collectives/codec/status.h"
+#include "switch_offload/servers/udp/udp_server.h"
+
+namespace {
+std::string line_prefix() {
+  char buf[64];
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return std::string("thc-aggregator ") + buf;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace thc::switch_offload;
+  CLI::App app{"thc-aggregator: in-network-style integer aggregation over UDP (THC software PS)"};
+  ServerOptions opt;
+  int port = 4791;
+  double stats_interval = 10;
+  std::string max_memory = "1G";
+  double idle_s = 600;
+  std::string port_file;
+  app.add_option("--port", port, "UDP port (0: pick an ephemeral port, see --port-file)")->check(CLI::Range(0, 65535));
+  app.add_option("--threads", opt.threads, "aggregation threads (jobs are sharded by id)")->check(CLI::Range(1, 256));
+  app.add_option("--bind", opt.bind, "address to bind")->capture_default_str();
+  app.add_option("--stats-interval", stats_interval, "seconds between statistics lines (0: only at exit)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--max-jobs", opt.max_jobs, "concurrent jobs")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-memory", max_memory, "slot memory over all jobs (K/M/G suffixes)")->capture_default_str();
+  app.add_option("--max-slots", opt.max_slots, "slots per job (a job's window)")->capture_default_str()->check(CLI::Range(1, 32768));
+  app.add_option("--job-idle-timeout", idle_s, "seconds after which a silent job is freed")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", opt.seed, "seed for job seeds (0: random)")->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  app.add_option("--fault-drop", opt.fault.drop, "probability to drop a datagram (each direction)")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fault-dup", opt.fault.dup, "probability to duplicate a datagram")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fault-reorder", opt.fault.reorder, "probability to hold a datagram behind the next")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fault-delay-us", opt.fault.delay_us, "maximum random delay of a datagram (us)");
+  app.add_option("--fault-delay-prob", opt.fault.delay_prob, "probability to delay a datagram (default 1 with --fault-delay-us)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fault-seed", opt.fault.seed, "fault injection seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  opt.port = static_cast<uint16_t>(port);
+  if (!parse_bytes(max_memory, &opt.max_memory)) {
+    std::fprintf(stderr, "thc-aggregator: --max-memory '%s' is not a size (e.g. 512M)\n", max_memory.c_str());
+    return 2;
+  }
+  if (opt.fault.delay_us > 0 && opt.fault.delay_prob == 0) opt.fault.delay_prob = 1.0;
+  opt.job_idle_timeout_us = static_cast<uint64_t>(idle_s * 1e6);
+
+  // Signals are taken synchronously by this thread only (blocked before the workers start, so
+  // they inherit the mask): no async-signal-safety concerns, and shutdown is an ordinary path.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  try {
+    UdpServer server(opt);
+    server.start();
+    std::printf("%s listening on %s threads=%d steering=%s max_jobs=%d max_memory=%lld%s%s\n", line_prefix().c_str(),
+                server.address().c_str(), opt.threads, server.steering() ? "bpf-job-id" : "none", opt.max_jobs,
+                static_cast<long long>(opt.max_memory), opt.fault.active() ? " fault: " : "",
+                opt.fault.active() ? opt.fault.describe().c_str() : "");
+    std::fflush(stdout);
+    if (!port_file.empty()) {
+      // Write then rename, so a reader polling for the file never sees it half written.
+      const std::string tmp = port_file + ".tmp";
+      {
+        std::ofstream f(tmp);
+        f << server.port() << "\n";
+      }
+      if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+        std::perror("thc-aggregator: --port-file");
+        return 1;
+      }
+    }
+    for (;;) {
+      timespec ts;
+      const double iv = stats_interval > 0 ? stats_interval : 3600;
+      ts.tv_sec = static_cast<time_t>(iv);
+      ts.tv_nsec = static_cast<long>((iv - std::floor(iv)) * 1e9);
+      const int sig = sigtimedwait(&sigs, nullptr, &ts);
+      if (sig == SIGINT || sig == SIGTERM) {
+        server.stop();
+        std::printf("%s stopping on %s; final stats: %s\n", line_prefix().c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM",
+                    stats_line(server.stats()).c_str());
+        std::fflush(stdout);
+        return 0;
+      }
+      if (sig < 0 && errno != EAGAIN && errno != EINTR) {
+        std::perror("thc-aggregator: sigtimedwait");
+        return 1;
+      }
+      if (sig < 0 && errno == EAGAIN && stats_interval > 0) {
+        std::printf("%s stats: jobs=%zu %s\n", line_prefix().c_str(), server.jobs(), stats_line(server.stats()).c_str());
+        std::fflush(stdout);
+      }
+    }
+  } catch (const thc::Error& e) {
+    std::fprintf(stderr, "thc-aggregator: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,201 @@
+// Test support: run a real thc-aggregator process on 127.0.0.1 and an ephemeral port, query its
+// counters over the protocol, stop it with a signal. Also a tiny raw UDP socket for sending
+// hand-made (including malformed) datagrams.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "switch_offload/aggregator/stats.h"
+#include "switch_offload/protocol/builder.h"
+
+extern char** environ;
+
+namespace thc::test {
+
+inline std::string env_or(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : dflt;
+}
+
+inline std::string temp_path(const std::string& stem) {
+  static int counter = 0;
+  return "/tmp/thc_switch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + stem;
+}
+
+// Spawn argv[0] with argv; stdout+stderr go to log (if not empty); extra environment appended.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log,
+                   const std::vector<std::string>& extra_env = {}) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!log.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
+  for (const auto& e : extra_env) env_store.push_back(e);
+  std::vector<char*> envp;
+  for (auto& e : env_store) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
+  return pid;
+}
+
+// waitpid with a deadline; returns the raw status, or -1 on timeout (the child is then killed).
+inline int wait_child(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int st = 0;
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (r < 0) return -1;
+    if (std::chrono::steady_clock::now() > end) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Unconnected UDP socket on 127.0.0.1 for hand-made datagrams.
+class RawUdp {
+ public:
+  RawUdp() {
+    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  ~RawUdp() { ::close(fd_); }
+  RawUdp(const RawUdp&) = delete;
+  RawUdp& operator=(const RawUdp&) = delete;
+  void send(uint16_t port, const std::vector<uint8_t>& p) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)::sendto(fd_, p.data(), p.size(), 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  // Next datagram within ms milliseconds (empty if none).
+  std::vector<uint8_t> recv(int ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) return {};
+    std::vector<uint8_t> b(2048);
+    const ssize_t n = ::recv(fd_, b.data(), b.size(), 0);
+    b.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return b;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+class AggregatorProcess {
+ public:
+  explicit AggregatorProcess(std::vector<std::string> extra = {}, int threads = 1) {
+    const std::string bin = env_or("THC_AGGREGATOR_BIN", THC_AGGREGATOR_BIN);
+    port_file_ = temp_path("port");
+    log_ = temp_path("log");
+    std::vector<std::string> argv = {bin, "--port", "0", "--port-file", port_file_, "--threads", std::to_string(threads),
+                                     "--bind", "127.0.0.1", "--stats-interval", "0", "--seed", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    pid_ = spawn(argv, log_);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (port_ == 0) {
+      std::ifstream f(port_file_);
+      int p = 0;
+      if (f >> p && p > 0) port_ = static_cast<uint16_t>(p);
+      if (port_) break;
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error("thc-aggregator exited at start: " + slurp(log_));
+      }
+      if (std::chrono::steady_clock::now() > end) throw std::runtime_error("thc-aggregator did not start: " + slurp(log_));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  ~AggregatorProcess() {
+    if (pid_ > 0) stop(SIGKILL);
+    ::unlink(port_file_.c_str());
+    ::unlink(log_.c_str());
+  }
+  uint16_t port() const { return port_; }
+  std::string url() const { return "udp://127.0.0.1:" + std::to_string(port_); }
+  std::string output() const { return slurp(log_); }
+
+  // Signal and reap; returns the exit status as waitpid reports it (-1: had to be killed).
+  int stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, sig);
+    const int st = wait_child(pid_, 20);
+    pid_ = -1;
+    return st;
+  }
+
+  // Server-wide counters (stats_names() order) via a STATS request.
+  std::vector<uint64_t> stats() {
+    using namespace thc::switch_offload::proto;
+    RawUdp s;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Header h;
+      h.type = MsgType::kStats;
+      h.seq = 1000 + static_cast<uint64_t>(attempt);
+      s.send(port_, make_packet(h));
+      for (;;) {
+        auto r = s.recv(100);
+        if (r.empty()) break;
+        Header rh;
+        const uint8_t* pl;
+        size_t plen;
+        if (parse(r.data(), r.size(), &rh, &pl, &plen) == ParseError::kOk && rh.type == MsgType::kStatsReply &&
+            rh.seq == h.seq) {
+          std::vector<uint64_t> v(rh.aux);
+          for (uint32_t i = 0; i < rh.aux; ++i) v[i] = load_be64(pl + 8 * i);
+          return v;
+        }
+      }
+    }
+    throw std::runtime_error("thc-aggregator did not answer STATS");
+  }
+  uint64_t stat(const std::string& name) { return thc::switch_offload::stats_get(stats(), name); }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  std::string port_file_, log_;
+};
+
+}  // namespace thc::test

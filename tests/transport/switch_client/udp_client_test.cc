@@ -1,0 +1,415 @@
+// The UDP client against a real thc-aggregator process on 127.0.0.1: 4 workers as threads and
+// as separate processes, lossless and with seeded loss/duplication/reordering/delay on either
+// side; stragglers and partial aggregation; a dead worker; job isolation under noise.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "collectives/codec/status.h"
+#include "switch_offload/protocol/builder.h"
+#include "tests/switch_offload/aggregator_process.h"
+#include "tests/transport/switch_client/workload.h"
+#include "transport/switch_client/udp/udp_client.h"
+
+namespace {
+
+using thc::Error;
+using thc::Status;
+using thc::test::AggregatorProcess;
+using thc::transport::IntType;
+using thc::transport::UdpClientOptions;
+using thc::transport::UdpReducer;
+
+// A reusable barrier (std::barrier is C++20).
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    const int gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, count_ = 0, gen_ = 0;
+};
+
+constexpr uint64_t kCount = 2000;  // per op: 8 packets of 256 elements (the last one partial)
+constexpr int kWorld = 4;
+
+UdpClientOptions opts(const AggregatorProcess& agg, int rank, int world, uint32_t job) {
+  UdpClientOptions o;
+  o.address = agg.url();
+  o.rank = rank;
+  o.world = world;
+  o.job_id = job;
+  o.token = 0xC0FFEE00ull + job;
+  o.window = 32;
+  o.max_wait_ms = 60000;
+  o.fault_from_env = false;  // thread tests set faults explicitly
+  o.fault.seed = 1000 + static_cast<uint64_t>(rank);
+  return o;
+}
+
+// Run fn(rank) on `world` threads; rethrows nothing, returns each thread's error text ("" = ok).
+std::vector<std::string> run_threads(int world, const std::function<void(int)>& fn) {
+  std::vector<std::string> err(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return err;
+}
+
+std::vector<std::vector<uint8_t>> run_workload_threads(const AggregatorProcess& agg, uint32_t job,
+                                                       const thc::switch_offload::FaultOptions& fault,
+                                                       std::vector<uint64_t>* seeds = nullptr) {
+  std::vector<std::vector<uint8_t>> out(kWorld);
+  std::vector<uint64_t> sd(kWorld);
+  std::vector<int> full(kWorld, 0);
+  const auto err = run_threads(kWorld, [&](int r) {
+    UdpClientOptions o = opts(agg, r, kWorld, job);
+    o.fault = fault;
+    o.fault.seed = fault.seed * 131 + static_cast<uint64_t>(r);
+    UdpReducer red(o);
+    sd[r] = red.shared_seed();
+    auto res = thc::test::wl_run(red, kCount, 7);
+    out[r] = std::move(res.bytes);
+    full[r] = res.all_full;
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(err[r], "") << "rank " << r;
+    EXPECT_TRUE(full[r]) << "rank " << r << ": every request should count all workers";
+  }
+  if (seeds) *seeds = sd;
+  return out;
+}
+
+TEST(UdpClient, ReducerInterface) {
+  AggregatorProcess agg;
+  UdpReducer red(opts(agg, 0, 1, 1));
+  EXPECT_EQ(red.name(), "udp");
+  EXPECT_EQ(red.rank(), 0);
+  EXPECT_EQ(red.size(), 1);
+  EXPECT_TRUE(red.prefers_index_form());
+  EXPECT_TRUE(red.partial_results());
+  EXPECT_EQ(red.slots(), 32);
+  EXPECT_NE(red.shared_seed(), 0u);
+  // count 0 completes at once and counts everybody.
+  auto req = red.start_sum(nullptr, 0, IntType::kU8);
+  EXPECT_TRUE(req->test());
+  req->wait();
+  EXPECT_EQ(req->contributors(), 1);
+  EXPECT_TRUE(req->self_counted());
+  uint32_t m[3] = {1, 5, 2};
+  red.max_u32(m, 3);
+  EXPECT_EQ(m[1], 5u);
+  // Nonblocking: test() only polls; wait() finishes.
+  std::vector<uint16_t> v(1000, 3);
+  auto r2 = red.start_sum(v.data(), v.size(), IntType::kU16);
+  while (!r2->test()) {
+  }
+  r2->wait();
+  EXPECT_EQ(v[999], 3);
+  EXPECT_THROW({ UdpReducer r(opts(agg, 1, 1, 2)); }, Error);  // rank outside world
+  UdpClientOptions bad = opts(agg, 0, 1, 3);
+  bad.address = "tcp://x:1";
+  EXPECT_THROW({ UdpReducer r(bad); }, Error);
+}
+
+TEST(UdpClient, FourThreadsLosslessMatchExactSums) {
+  AggregatorProcess agg;
+  std::vector<uint64_t> seeds;
+  const auto out = run_workload_threads(agg, 10, {}, &seeds);
+  const auto want = thc::test::wl_expected(kWorld, kCount, 7);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(out[r], want) << "rank " << r;
+    EXPECT_EQ(seeds[r], seeds[0]) << "shared seed differs";
+  }
+  EXPECT_EQ(agg.stat("drops_total"), 0u);
+  EXPECT_EQ(agg.stat("partial_completions"), 0u);
+}
+
+struct FaultCase {
+  const char* name;
+  double drop, dup, reorder;
+  uint32_t delay_us;
+  bool server_side;
+};
+
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
+class UdpClientFaults : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(UdpClientFaults, FourThreadsBitIdenticalToLossless) {
+  const FaultCase& c = GetParam();
+  thc::switch_offload::FaultOptions f;
+  f.drop = c.drop;
+  f.dup = c.dup;
+  f.reorder = c.reorder;
+  f.delay_us = c.delay_us;
+  f.delay_prob = c.delay_us ? 0.3 : 0;
+  f.seed = 77;
+  std::vector<std::string> extra;
+  if (c.server_side) {
+    extra = {"--fault-drop", std::to_string(c.drop), "--fault-dup", std::to_string(c.dup), "--fault-reorder",
+             std::to_string(c.reorder), "--fault-delay-us", std::to_string(c.delay_us), "--fault-seed", "5"};
+    if (c.delay_us) extra.insert(extra.end(), {"--fault-delay-prob", "0.3"});
+  }
+  AggregatorProcess agg(extra);
+  const auto lossless = run_workload_threads(agg, 20, {});
+  const auto faulty = run_workload_threads(agg, 21, c.server_side ? thc::switch_offload::FaultOptions{} : f);
+  const auto want = thc::test::wl_expected(kWorld, kCount, 7);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(lossless[r], want) << "rank " << r;
+    EXPECT_EQ(faulty[r], lossless[r]) << "rank " << r;
+  }
+  if (c.drop > 0) {
+    EXPECT_GT(agg.stat("retransmissions"), 0u) << "faults were injected, so packets were retransmitted";
+  }
+  if (c.drop > 0 && c.server_side) {
+    EXPECT_GT(agg.stat("drop_fault"), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Loss, UdpClientFaults,
+    ::testing::Values(FaultCase{"loss0", 0, 0, 0, 0, false}, FaultCase{"loss1", 0.01, 0, 0, 0, false},
+                      FaultCase{"loss10", 0.10, 0, 0, 0, false},
+                      FaultCase{"dup_reorder", 0.02, 0.10, 0.10, 0, false},
+                      FaultCase{"delay", 0.01, 0.05, 0.05, 3000, false},
+                      FaultCase{"server_loss10_dup_reorder", 0.10, 0.05, 0.05, 0, true}),
+    [](const ::testing::TestParamInfo<FaultCase>& i) { return std::string(i.param.name); });
+
+// Separate processes via posix_spawn (fork+exec), faults from the THC_FAULT_* environment.
+void run_processes(const AggregatorProcess& agg, uint32_t job, const std::vector<std::string>& env,
+                   std::vector<std::vector<uint8_t>>* out) {
+  const std::string bin = thc::test::env_or("THC_UDP_WORKER_BIN", THC_UDP_WORKER_BIN);
+  std::vector<pid_t> pids;
+  std::vector<std::string> files, logs;
+  for (int r = 0; r < kWorld; ++r) {
+    files.push_back(thc::test::temp_path("out" + std::to_string(r)));
+    logs.push_back(thc::test::temp_path("log" + std::to_string(r)));
+    std::vector<std::string> e = env;
+    e.push_back("THC_FAULT_SEED=" + std::to_string(900 + r));
+    pids.push_back(thc::test::spawn({bin, agg.url(), std::to_string(r), std::to_string(kWorld), std::to_string(job),
+                                     std::to_string(kCount), files[r]},
+                                    logs[r], e));
+  }
+  out->assign(kWorld, {});
+  for (int r = 0; r < kWorld; ++r) {
+    const int st = thc::test::wait_child(pids[r], 240);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " status " << st << ": " << thc::test::slurp(logs[r]);
+    const std::string s = thc::test::slurp(files[r]);
+    (*out)[r].assign(s.begin(), s.end());
+    ::unlink(files[r].c_str());
+    ::unlink(logs[r].c_str());
+  }
+}
+
+TEST(UdpClient, FourProcessesLosslessAndLossyMatchExactSums) {
+  AggregatorProcess agg;
+  const auto want = thc::test::wl_expected(kWorld, kCount, 7);
+  std::vector<std::vector<uint8_t>> lossless, lossy, noisy;
+  run_processes(agg, 30, {}, &lossless);
+  run_processes(agg, 31, {"THC_FAULT_DROP=0.01"}, &lossy);
+  run_processes(agg, 32, {"THC_FAULT_DROP=0.1", "THC_FAULT_DUP=0.05", "THC_FAULT_REORDER=0.05"}, &noisy);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(lossless[r], want) << "rank " << r;
+    EXPECT_EQ(lossy[r], lossless[r]) << "rank " << r;
+    EXPECT_EQ(noisy[r], lossless[r]) << "rank " << r;
+  }
+  EXPECT_GT(agg.stat("duplicates") + agg.stat("result_resends") + agg.stat("retransmissions"), 0u);
+}
+
+TEST(UdpClient, StragglerYieldsPartialResultAndIsToldItWasNotCounted) {
+  AggregatorProcess agg;
+  constexpr uint64_t n = 1000;  // 4 packets: the partial decision must hold for all of them
+  std::vector<std::vector<uint32_t>> got(kWorld);
+  std::vector<int> contrib(kWorld), counted(kWorld), contrib2(kWorld);
+  std::vector<uint64_t> not_counted(kWorld);
+  Barrier sync(kWorld);
+  const auto err = run_threads(kWorld, [&](int r) {
+    UdpClientOptions o = opts(agg, r, kWorld, 40);
+    o.quorum = 3;
+    o.quorum_timeout_us = 200'000;
+    UdpReducer red(o);
+    sync.arrive_and_wait();
+    if (r == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::vector<uint32_t> v(n);
+    for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>((r + 1) * 1000 + i);
+    auto req = red.start_sum(v.data(), n, IntType::kU32);
+    req->wait();
+    got[r] = v;
+    contrib[r] = req->contributors();
+    counted[r] = req->self_counted();
+    not_counted[r] = red.stats().not_counted;
+    // Afterwards everybody is on time again: the decision was per operation.
+    sync.arrive_and_wait();
+    std::vector<uint32_t> w(10, 1);
+    auto req2 = red.start_sum(w.data(), w.size(), IntType::kU32);
+    req2->wait();
+    contrib2[r] = req2->contributors();
+    EXPECT_EQ(static_cast<int>(w[0]), req2->contributors());
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(err[r], "") << "rank " << r;
+    EXPECT_EQ(contrib[r], 3) << "rank " << r;
+    EXPECT_EQ(counted[r], r != 3) << "rank " << r;
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(got[r][i], (1000 + 2000 + 3000) + 3 * i) << "rank " << r << " i " << i;
+  }
+  EXPECT_GE(not_counted[3], 4u) << "the late worker is told, packet by packet";
+  EXPECT_EQ(not_counted[0], 0u);
+  EXPECT_GE(agg.stat("partial_completions"), 4u);
+  EXPECT_GE(agg.stat("late_not_counted"), 4u);
+}
+
+TEST(UdpClient, DeadWorkerGivesTimeoutNotHang) {
+  AggregatorProcess agg;
+  std::vector<Status> st(3, Status::kSuccess);
+  std::vector<std::string> msg(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_threads(3, [&](int r) {
+    UdpClientOptions o = opts(agg, r, kWorld, 50);  // world 4, quorum 4: rank 3 never comes
+    o.max_wait_ms = 1500;
+    UdpReducer red(o);
+    std::vector<uint8_t> v(600, 1);
+    try {
+      auto req = red.start_sum(v.data(), v.size(), IntType::kU8);
+      req->wait();
+    } catch (const Error& e) {
+      st[r] = e.status();
+      msg[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(st[r], Status::kTimeout) << "rank " << r;
+    EXPECT_NE(msg[r].find("timeout"), std::string::npos) << msg[r];
+    EXPECT_NE(msg[r].find("may have died"), std::string::npos) << msg[r];
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+}
+
+TEST(UdpClient, UnreachableAggregatorGivesTimeout) {
+  UdpClientOptions o;
+  {
+    AggregatorProcess agg;
+    o.address = agg.url();
+  }  // stopped: nothing listens on that port now
+  o.max_wait_ms = 300;
+  o.fault_from_env = false;
+  try {
+    UdpReducer red(o);
+    FAIL() << "join should not succeed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("thc-aggregator running"), std::string::npos) << e.what();
+  }
+}
+
+TEST(UdpClient, WrongTokenAndMismatchedWorldAreRejected) {
+  AggregatorProcess agg;
+  UdpReducer owner(opts(agg, 0, 2, 60));
+  UdpClientOptions thief = opts(agg, 1, 2, 60);
+  thief.token ^= 0xFF;
+  try {
+    UdpReducer r(thief);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kTransport);
+    EXPECT_NE(std::string(e.what()).find("bad token"), std::string::npos) << e.what();
+  }
+  UdpClientOptions other = opts(agg, 1, 3, 60);
+  try {
+    UdpReducer r(other);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kConfigMismatch) << e.what();
+  }
+  EXPECT_EQ(agg.stat("drop_bad_token"), 1u);
+  EXPECT_EQ(agg.stat("drop_config_mismatch"), 1u);
+}
+
+TEST(UdpClient, EnvironmentFaultVariablesAreValidated) {
+  AggregatorProcess agg;
+  UdpClientOptions o = opts(agg, 0, 1, 70);
+  o.fault_from_env = true;
+  ::setenv("THC_FAULT_DROP", "1.5", 1);
+  EXPECT_THROW({ UdpReducer r(o); }, Error);
+  ::setenv("THC_FAULT_DROP", "0.05", 1);
+  ::setenv("THC_FAULT_SEED", "3", 1);
+  {
+    UdpReducer r(o);
+    std::vector<uint16_t> v(3000, 2);
+    r.start_sum(v.data(), v.size(), IntType::kU16)->wait();
+    EXPECT_EQ(v[2999], 2);
+  }
+  ::unsetenv("THC_FAULT_DROP");
+  ::unsetenv("THC_FAULT_SEED");
+}
+
+TEST(UdpClient, RunningJobIsUndisturbedByNoise) {
+  AggregatorProcess agg;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> noise{0};
+  std::thread noisy([&] {
+    using namespace thc::switch_offload::proto;
+    thc::test::RawUdp s;
+    const JobId j{80, 0xC0FFEE00ull + 80, kWorld};  // the running job, with its real token
+    JobId wrong = j;
+    wrong.token ^= 1;
+    for (uint64_t i = 0; !stop.load(); ++i) {
+      auto v = make_values(wrong, static_cast<uint16_t>(i % kWorld), 32, i % 64, 0, WireInt::kU8,
+                           std::vector<uint32_t>(256, 200));
+      s.send(agg.port(), v);  // wrong token
+      auto x = make_values(j, 0, 32, i % 64, 0, WireInt::kU8, {1});
+      x[4] = 2;
+      s.send(agg.port(), x);  // wrong version
+      s.send(agg.port(), std::vector<uint8_t>(x.begin(), x.begin() + 50));  // truncated header
+      auto y = make_values(j, 1, 32, i % 64, 0, WireInt::kU8, {1});
+      s.send(agg.port(), std::vector<uint8_t>(y.begin(), y.end() - 1));     // truncated payload
+      s.send(agg.port(), std::vector<uint8_t>(97, static_cast<uint8_t>(i)));  // garbage
+      noise.fetch_add(5);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  // The noise is already flowing when the job starts, and keeps flowing while it runs.
+  while (noise.load() < 100) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto out = run_workload_threads(agg, 80, {});
+  stop = true;
+  noisy.join();
+  const auto want = thc::test::wl_expected(kWorld, kCount, 7);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(out[r], want) << "rank " << r;
+  const auto st = agg.stats();
+  using thc::switch_offload::stats_get;
+  EXPECT_GT(stats_get(st, "drop_bad_token"), 0u);
+  EXPECT_GT(stats_get(st, "drop_bad_version"), 0u);
+  EXPECT_GT(stats_get(st, "drop_truncated"), 0u);
+  EXPECT_GT(stats_get(st, "drop_bad_length"), 0u);
+  EXPECT_GT(stats_get(st, "drop_bad_magic"), 0u);
+  EXPECT_EQ(stats_get(st, "drops_total"), noise.load()) << "every noise datagram is dropped and counted, nothing else";
+}
+
+}  // namespace

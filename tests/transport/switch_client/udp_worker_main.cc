@@ -1,0 +1,49 @@
+// thc_udp_worker: one rank of the workload (workload.h) through make_udp_client, as its own
+// process. Used by udp_client_test for the fork/exec runs; fault injection comes from the
+// THC_FAULT_* environment, like in any application.
+//
+//   thc_udp_worker ADDRESS RANK WORLD JOB COUNT OUTFILE
+// Writes the result bytes to OUTFILE; exit 0 on success, 1 with the error on stderr otherwise.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "collectives/codec/status.h"
+#include "tests/transport/switch_client/workload.h"
+#include "transport/switch_client/udp/udp_client.h"
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s ADDRESS RANK WORLD JOB COUNT OUTFILE\n", argv[0]);
+    return 2;
+  }
+  thc::transport::UdpClientOptions o;
+  o.address = argv[1];
+  o.rank = std::atoi(argv[2]);
+  o.world = std::atoi(argv[3]);
+  o.job_id = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
+  o.token = 0xC0FFEE00ull + o.job_id;
+  o.window = 32;
+  o.max_wait_ms = 60000;
+  o.fault.seed = 1000 + static_cast<uint64_t>(o.rank);  // THC_FAULT_SEED overrides
+  const uint64_t count = std::strtoull(argv[5], nullptr, 10);
+  try {
+    auto red = thc::transport::make_udp_client(o);
+    const auto res = thc::test::wl_run(*red, count, 7);
+    std::ofstream f(argv[6], std::ios::binary);
+    f.write(reinterpret_cast<const char*>(res.bytes.data()), static_cast<std::streamsize>(res.bytes.size()));
+    if (!f) {
+      std::fprintf(stderr, "thc_udp_worker: cannot write %s\n", argv[6]);
+      return 1;
+    }
+    auto* udp = dynamic_cast<thc::transport::UdpReducer*>(red.get());
+    std::printf("rank %d seed %016llx sent %llu retransmissions %llu\n", o.rank,
+                static_cast<unsigned long long>(udp->shared_seed()), static_cast<unsigned long long>(udp->stats().packets_sent),
+                static_cast<unsigned long long>(udp->stats().retransmissions));
+    return res.all_full ? 0 : 3;
+  } catch (const thc::Error& e) {
+    std::fprintf(stderr, "thc_udp_worker rank %d: %s\n", o.rank, e.what());
+    return 1;
+  }
+}
