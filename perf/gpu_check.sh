@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# perf/gpu_check.sh -- the GPU check of thc's CUDA codec and NCCL-like API, in one command.
+#
+#   bash perf/gpu_check.sh            (outputs under $OUT if set, else ./gpu_check_out)
+#
+# Made for a machine with one GPU (an H200), nvcc, CMake, Ninja, Python and no internet, where the
+# Debian development packages thc uses may be missing. It fits in about 8 minutes:
+#   1. probes the dependencies and says exactly what is missing;
+#   2. configures (CUDA arch 90, Release, THC_BUILD_PERF=OFF) and builds only the GPU targets;
+#   3. runs the GPU tests (codec kernels against the host codec, the NCCL API on one rank);
+#   4. runs several MPI processes sharing the GPU (GPU codec + MPI integer sums), if mpirun exists;
+#   5. times every kernel against a device-to-device copy of the same bytes (thc_gpu_bench, which
+#      first checks parity with the host codec, so it verifies even without GoogleTest);
+#   6. prints a short table last.
+#
+# Fallbacks when a dependency is missing (nothing can be downloaded):
+#   Random123 (librandom123-dev)  header-only and only Philox4x32-10 is used: a bit-identical
+#                                 stand-in header is written (checked against the Random123
+#                                 known-answer vectors before use)
+#   CLI11 (libcli11-dev)          only the command-line tools need it, and they are not built: a
+#                                 placeholder header satisfies the configure step
+#   GoogleTest (libgtest-dev)     tests off (THC_BUILD_TESTS=OFF): no gtest suites, but the bench's
+#                                 parity check and the MPI check still verify the kernels
+#   Highway (libhwy-dev)          the host codec needs it. If the build has a THC_WITH_HWY switch
+#                                 it is turned off; otherwise the host codec, the parity checks
+#                                 and the timings cannot be built: the kernels are compiled for
+#                                 sm_90 with nvcc (a compile check) and the rest is reported as
+#                                 NOT VERIFIED
+#   MPI                           step 4 is skipped
+#   NCCL                          the NCCL API and its tests are not built (THC_WITH_NCCL=AUTO)
+#
+# Environment: OUT (outputs), THC_GPU_BUILD (build folder, default $TMPDIR/thc-gpu-build),
+# THC_GPU_CHECK_NP (MPI processes, default 4), THC_GPU_BENCH_COUNT (floats, default 2^26),
+# THC_GPU_CHECK_PRETEND_MISSING (e.g. "random123 gtest cli11 hwy mpi": test the fallbacks).
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$PWD/gpu_check_out}
+BUILD=${THC_GPU_BUILD:-${TMPDIR:-/tmp}/thc-gpu-build}
+NP=${THC_GPU_CHECK_NP:-4}
+BENCH_COUNT=${THC_GPU_BENCH_COUNT:-67108864}
+JOBS=$(nproc 2>/dev/null || echo 8)
+START=$(date +%s)
+mkdir -p "$OUT" "$BUILD"
+: > "$OUT/summary.txt"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+declare -a STEP_NAMES=() STEP_STATUS=() STEP_DETAIL=()
+elapsed() { echo $(( $(date +%s) - START )); }
+log() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUT/summary.txt"; }
+step() { STEP_NAMES+=("$1"); STEP_STATUS+=("$2"); STEP_DETAIL+=("$3"); log "$1: $2 -- $3"; }
+
+# ---- 0. the machine ---------------------------------------------------------------------------
+{
+  echo "date: $(date -u)"; uname -a
+  command -v nvidia-smi >/dev/null && nvidia-smi
+  command -v nvcc >/dev/null && nvcc --version
+  cmake --version | head -1
+  ninja --version 2>/dev/null | sed 's/^/ninja /'
+  command -v mpirun >/dev/null && mpirun --version 2>&1 | head -1
+} > "$OUT/machine.txt" 2>&1
+GPU=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+log "root $ROOT, build $BUILD, outputs $OUT, GPU: ${GPU:-none found by nvidia-smi}"
+if ! command -v nvcc >/dev/null; then
+  step "toolchain" "FAILED" "nvcc not found (looked in PATH and /usr/local/cuda/bin)"
+  exit 1
+fi
+
+# ---- 1. dependency probe ----------------------------------------------------------------------
+PROBE="$BUILD/probe"
+mkdir -p "$PROBE"
+cat > "$PROBE/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.18)
+project(thc_probe LANGUAGES C CXX)
+find_package(hwy QUIET)
+find_path(R123 Random123/philox.h)
+find_package(GTest QUIET)
+find_package(CLI11 CONFIG QUIET)
+find_path(CLI11_H CLI/CLI.hpp)
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI COMPONENTS C QUIET)
+find_path(NCCL_H nccl.h HINTS /usr/local/cuda/include)
+find_library(NCCL_L nccl HINTS /usr/local/cuda/lib64)
+set(r "")
+if(hwy_FOUND)
+  string(APPEND r "hwy=1\n")
+else()
+  string(APPEND r "hwy=0\n")
+endif()
+if(R123)
+  string(APPEND r "random123=1\n")
+else()
+  string(APPEND r "random123=0\n")
+endif()
+if(GTest_FOUND)
+  string(APPEND r "gtest=1\n")
+else()
+  string(APPEND r "gtest=0\n")
+endif()
+if(CLI11_FOUND OR CLI11_H)
+  string(APPEND r "cli11=1\n")
+else()
+  string(APPEND r "cli11=0\n")
+endif()
+if(MPI_C_FOUND)
+  string(APPEND r "mpi=1\n")
+else()
+  string(APPEND r "mpi=0\n")
+endif()
+if(NCCL_H AND NCCL_L)
+  string(APPEND r "nccl=1\n")
+else()
+  string(APPEND r "nccl=0\n")
+endif()
+file(WRITE ${CMAKE_BINARY_DIR}/deps.txt "${r}")
+EOF
+cmake -S "$PROBE" -B "$PROBE/b" > "$OUT/probe.log" 2>&1
+# THC_GPU_CHECK_PRETEND_MISSING="random123 gtest ..." exercises the fallbacks where all is installed.
+dep() {
+  case " ${THC_GPU_CHECK_PRETEND_MISSING:-} " in *" $1 "*) return 1 ;; esac
+  grep -q "^$1=1" "$PROBE/b/deps.txt" 2>/dev/null
+}
+cp "$PROBE/b/deps.txt" "$OUT/deps.txt" 2>/dev/null
+MISSING=()
+dep hwy || MISSING+=("Highway (libhwy-dev: hwyConfig.cmake)")
+dep random123 || MISSING+=("Random123 (librandom123-dev: Random123/philox.h)")
+dep gtest || MISSING+=("GoogleTest (libgtest-dev: GTestConfig.cmake)")
+dep cli11 || MISSING+=("CLI11 (libcli11-dev: CLI/CLI.hpp)")
+dep mpi || MISSING+=("MPI (mpicc/mpirun, e.g. libopenmpi-dev)")
+dep nccl || MISSING+=("NCCL (nccl.h and libnccl in /usr/local/cuda)")
+if [ ${#MISSING[@]} -eq 0 ]; then
+  step "dependencies" "ok" "Highway, Random123, GoogleTest, CLI11, MPI and NCCL found"
+else
+  step "dependencies" "partial" "missing: $(IFS=';'; echo "${MISSING[*]}")"
+fi
+
+SHIM="$BUILD/shim"
+mkdir -p "$SHIM/Random123" "$SHIM/CLI"
+CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DTHC_BUILD_PERF=OFF
+            -DTHC_WITH_CUDA=ON -DTHC_WITH_DPDK=OFF -DTHC_WITH_UCX=OFF)
+
+if ! dep random123; then
+  cat > "$SHIM/Random123/philox.h" <<'EOF'
+/* Stand-in for Random123's Philox4x32-10 (only what thc uses), written by perf/gpu_check.sh
+ * because librandom123-dev is missing. Same algorithm and constants as Random123 (Salmon et al.,
+ * SC'11), so the same outputs; host and CUDA device. */
+#ifndef THC_R123_SHIM_PHILOX_H_
+#define THC_R123_SHIM_PHILOX_H_
+#include <stdint.h>
+#if defined(__CUDACC__)
+#define THC_R123_HD __host__ __device__ __forceinline__
+#else
+#define THC_R123_HD inline
+#endif
+namespace r123 {
+struct r123array2x32 { uint32_t v[2]; };
+struct r123array4x32 { uint32_t v[4]; };
+THC_R123_HD uint32_t thc_mulhilo32(uint32_t a, uint32_t b, uint32_t* hi) {
+  const uint64_t p = (uint64_t)a * (uint64_t)b;
+  *hi = (uint32_t)(p >> 32);
+  return (uint32_t)p;
+}
+template <unsigned R>
+struct Philox4x32_R {
+  typedef r123array4x32 ctr_type;
+  typedef r123array2x32 key_type;
+  THC_R123_HD ctr_type operator()(ctr_type c, key_type k) const {
+    for (unsigned r = 0; r < R; ++r) {
+      if (r) { k.v[0] += 0x9E3779B9u; k.v[1] += 0xBB67AE85u; }
+      uint32_t hi0, hi1;
+      const uint32_t lo0 = thc_mulhilo32(0xD2511F53u, c.v[0], &hi0);
+      const uint32_t lo1 = thc_mulhilo32(0xCD9E8D57u, c.v[2], &hi1);
+      const ctr_type o = {{hi1 ^ c.v[1] ^ k.v[0], lo1, hi0 ^ c.v[3] ^ k.v[1], lo0}};
+      c = o;
+    }
+    return c;
+  }
+};
+typedef Philox4x32_R<10> Philox4x32;
+}  // namespace r123
+#endif
+EOF
+  # Random123's known-answer vectors for philox4x32-10
+  cat > "$SHIM/kat.cc" <<'EOF'
+#include <cstdio>
+#include "Random123/philox.h"
+int main() {
+  r123::Philox4x32 p;
+  r123::Philox4x32::ctr_type c0 = {{0, 0, 0, 0}};
+  r123::Philox4x32::key_type k0 = {{0, 0}};
+  r123::Philox4x32::ctr_type c1 = {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}};
+  r123::Philox4x32::key_type k1 = {{0xa4093822u, 0x299f31d0u}};
+  const auto a = p(c0, k0), b = p(c1, k1);
+  const bool ok = a.v[0] == 0x6627e8d5u && a.v[1] == 0xe169c58du && a.v[2] == 0xbc57ac4cu && a.v[3] == 0x9b00dbd8u &&
+                  b.v[0] == 0xd16cfe09u && b.v[1] == 0x94fdccebu && b.v[2] == 0x5001e420u && b.v[3] == 0x24126ea1u;
+  std::printf("%s\n", ok ? "kat ok" : "kat MISMATCH");
+  return ok ? 0 : 1;
+}
+EOF
+  if ${CXX:-c++} -std=c++17 -I"$SHIM" "$SHIM/kat.cc" -o "$SHIM/kat" >> "$OUT/probe.log" 2>&1 && "$SHIM/kat" >> "$OUT/probe.log"; then
+    CMAKE_ARGS+=(-DRANDOM123_INCLUDE_DIR="$SHIM")
+    step "fallback Random123" "ok" "using the Philox4x32-10 stand-in $SHIM/Random123/philox.h (known-answer test passed)"
+  else
+    step "fallback Random123" "FAILED" "the stand-in failed its known-answer test (see probe.log)"
+  fi
+fi
+if ! dep cli11; then
+  printf '#error "CLI11 is not installed; placeholder from perf/gpu_check.sh (the CLI tools are not built)"\n' > "$SHIM/CLI/CLI.hpp"
+  CMAKE_ARGS+=(-DCLI11_INCLUDE_DIR="$SHIM")
+  step "fallback CLI11" "ok" "placeholder header; the command-line tools are not built"
+fi
+HAVE_GTEST=1
+if ! dep gtest; then
+  HAVE_GTEST=0
+  CMAKE_ARGS+=(-DTHC_BUILD_TESTS=OFF)
+  step "fallback GoogleTest" "partial" "THC_BUILD_TESTS=OFF: no gtest suites; the bench's parity check and the MPI check verify instead"
+fi
+HWY_OK=1
+if ! dep hwy; then
+  if grep -q "THC_WITH_HWY" "$ROOT/CMakeLists.txt"; then
+    CMAKE_ARGS+=(-DTHC_WITH_HWY=OFF)
+    step "fallback Highway" "partial" "THC_WITH_HWY=OFF: scalar host codec"
+  else
+    HWY_OK=0
+  fi
+fi
+dep mpi || CMAKE_ARGS+=(-DTHC_WITH_MPI=OFF)
+
+# ---- 2. configure and build -------------------------------------------------------------------
+TARGETS=(thc_cuda)
+BUILT_OK=0
+if [ $HWY_OK -eq 1 ]; then
+  log "configure: cmake ${CMAKE_ARGS[*]}"
+  if cmake -S "$ROOT" -B "$BUILD/b" "${CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
+    AVAIL=$(ninja -C "$BUILD/b" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_.-]*\): .*/\1/p' | sort -u)
+    for t in thc_gpu_bench cuda_kernels_test cuda_nccl_test thc_gpu_mpi_check cuda_shared_test; do
+      echo "$AVAIL" | grep -qx "$t" && TARGETS+=("$t")
+    done
+    if ! echo "$AVAIL" | grep -qx thc_cuda; then
+      step "configure" "FAILED" "no thc_cuda target: is cuda/ added to the build (THC_WITH_CUDA_ENABLED)? see configure.log"
+    else
+      step "configure" "ok" "targets: ${TARGETS[*]}"
+      if timeout 330 ninja -C "$BUILD/b" -j "$JOBS" "${TARGETS[@]}" > "$OUT/build.log" 2>&1; then
+        BUILT_OK=1
+        step "build" "ok" "$(grep -c 'warning' "$OUT/build.log" || true) warnings (build.log)"
+      else
+        step "build" "FAILED" "$(grep -m1 -E 'error|FAILED' "$OUT/build.log" | cut -c1-200) (build.log)"
+      fi
+    fi
+  else
+    step "configure" "FAILED" "$(grep -m1 -iE 'error' "$OUT/configure.log" | cut -c1-200) (configure.log)"
+  fi
+else
+  # Without Highway the host codec cannot be built: compile-check the kernels with nvcc only.
+  log "Highway is missing and the build has no THC_WITH_HWY switch: compile check of the kernels only"
+  ok=1
+  for f in device_codec prelude thc_kernels nat_kernels; do
+    nvcc -std=c++17 -arch=sm_90 -fmad=false -c "$ROOT/cuda/$f.cu" -o "$BUILD/$f.o" -I"$ROOT" -I"$ROOT/include" \
+      $(dep random123 || echo "-I$SHIM") >> "$OUT/build.log" 2>&1 || ok=0
+  done
+  if [ $ok -eq 1 ]; then
+    step "build" "partial" "kernels compile for sm_90; host codec, tests and timings NOT VERIFIED (need libhwy-dev)"
+  else
+    step "build" "FAILED" "kernels do not compile (build.log)"
+  fi
+fi
+B="$BUILD/b/tests/cuda"
+
+# ---- 3. GPU tests -----------------------------------------------------------------------------
+if [ $BUILT_OK -eq 1 ] && [ $HAVE_GTEST -eq 1 ]; then
+  for t in cuda_shared_test cuda_kernels_test cuda_nccl_test; do
+    exe="$B/$t"
+    [ -x "$exe" ] || continue
+    timeout 200 "$exe" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
+    rc=$?
+    passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/$t.log" | grep -oE '[0-9]+$' || echo 0)
+    failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$OUT/$t.log" | grep -oE '[0-9]+' | head -1 || echo 0)
+    skipped=$(grep -oE '\[  SKIPPED \] [0-9]+' "$OUT/$t.log" | grep -oE '[0-9]+$' || echo 0)
+    if [ $rc -eq 0 ]; then
+      step "$t" "ok" "${passed:-0} passed, ${skipped:-0} skipped"
+    elif [ $rc -eq 124 ]; then
+      step "$t" "FAILED" "timed out after 200 s ($t.log)"
+    else
+      step "$t" "FAILED" "${failed:-?} failed, ${passed:-0} passed ($t.log)"
+    fi
+  done
+fi
+
+# ---- 4. several processes sharing the GPU through MPI ---------------------------------------
+if [ $BUILT_OK -eq 1 ]; then
+  if command -v mpirun >/dev/null && [ -x "$B/thc_gpu_mpi_check" ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    for scheme in thc cnat; do
+      timeout 120 mpirun --oversubscribe -np "$NP" "$B/thc_gpu_mpi_check" 4194321 "$scheme" > "$OUT/mpi_$scheme.log" 2>&1
+      rc=$?
+      line=$(grep -m1 '^thc_gpu_mpi_check' "$OUT/mpi_$scheme.log" | sed 's/^thc_gpu_mpi_check: //' | cut -c1-160)
+      if [ $rc -eq 0 ] && grep -q "no CUDA device" "$OUT/mpi_$scheme.log"; then
+        step "mpi np=$NP $scheme" "skipped" "no CUDA device"
+      elif [ $rc -eq 0 ] && grep -q "RESULT ok" "$OUT/mpi_$scheme.log"; then
+        step "mpi np=$NP $scheme" "ok" "$line"
+      else
+        step "mpi np=$NP $scheme" "FAILED" "rc=$rc ${line:-see mpi_$scheme.log}"
+      fi
+    done
+  else
+    step "mpi" "skipped" "$(command -v mpirun >/dev/null || echo 'no mpirun; ')$( [ -x "$B/thc_gpu_mpi_check" ] || echo 'thc_gpu_mpi_check not built (no MPI at configure)')"
+  fi
+fi
+
+# ---- 5. kernel timings ------------------------------------------------------------------------
+if [ $BUILT_OK -eq 1 ] && [ -x "$B/thc_gpu_bench" ]; then
+  timeout 150 "$B/thc_gpu_bench" --count "$BENCH_COUNT" --iters 20 --blocks 10,15,16,20 --csv "$OUT/bench.csv" \
+    > "$OUT/bench.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "no CUDA device" "$OUT/bench.txt"; then
+    step "bench" "skipped" "no CUDA device"
+  elif [ $rc -eq 0 ]; then
+    step "bench" "ok" "$(grep -m1 '^parity with the host codec' "$OUT/bench.txt")"
+  else
+    step "bench" "FAILED" "rc=$rc $(grep -m1 -E '^parity with|error|:[0-9]+:' "$OUT/bench.txt" | cut -c1-160) (bench.txt)"
+  fi
+fi
+
+# ---- 6. the table -----------------------------------------------------------------------------
+{
+  echo
+  echo "==== thc GPU check: ${GPU:-unknown GPU}, $(elapsed) s ===="
+  printf '%-28s %-8s %s\n' "step" "status" "detail"
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '%-28s %-8s %s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "$(echo "${STEP_DETAIL[$i]}" | cut -c1-110)"
+  done
+  if [ -f "$OUT/bench.txt" ]; then
+    echo
+    sed -n '/^kernel /,$p' "$OUT/bench.txt" | grep -v '^parity'
+  fi
+  echo "outputs: $OUT"
+} | tee -a "$OUT/summary.txt"
+
+for s in "${STEP_STATUS[@]}"; do
+  [ "$s" = "FAILED" ] && exit 1
+done
+exit 0
