@@ -33,8 +33,6 @@
 #include "collectives/engine/dtype.h"
 #include "thc/thc_mpi.h"
 
-// The aggregator client may not be part of this libthc (yet): bind weakly and report it.
-#pragma weak thc_comm_create_aggregator
 
 namespace {
 
@@ -291,8 +289,6 @@ int main(int argc, char** argv) {
   if (!none) {
     thc_status_t st;
     if (!o.aggregator.empty()) {
-      if (&thc_comm_create_aggregator == nullptr)
-        die_all("--aggregator: the aggregator client is not available in this build of libthc");
       uint64_t ids[2] = {0, 0};
       if (g_rank == 0) {
         std::random_device rd;
@@ -302,8 +298,6 @@ int main(int argc, char** argv) {
       MPI_Bcast(ids, 2, MPI_UINT64_T, 0, MPI_COMM_WORLD);
       st = thc_comm_create_aggregator(o.aggregator.c_str(), g_rank, g_size, static_cast<uint32_t>(ids[0]), ids[1],
                                       &cfg, &tc);
-      if (st == THC_ERR_UNSUPPORTED)
-        die_all("--aggregator " + o.aggregator + " is not available in this build: " + thc_last_error());
     } else {
       st = thc_comm_create_mpi(MPI_COMM_WORLD, &cfg, &tc);
     }

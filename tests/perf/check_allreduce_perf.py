@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 COLUMNS = ["size", "count", "type", "redop", "time", "algbw", "busbw", "wire_B/elem", "nmse", "algo"]
 ESIZE = {"float": 4, "double": 8, "half": 2, "bfloat16": 2}
@@ -81,11 +82,11 @@ def check_rows(ctx, rows, js, dtype, op, sizes, scheme, algo=None, nmse_max=None
     check(js["ranks"] == n and js["ok"] is True, f"json header {js}")
 
 
-def sized(ctx, args, dtype="float", op="sum", scheme="none", algo=None, nmse_max=None):
+def sized(ctx, args, dtype="float", op="sum", scheme="none", algo=None, nmse_max=None, env=None):
     with tempfile.TemporaryDirectory() as d:
         jf = os.path.join(d, "rows.json")
         sizes_args = ["-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-c", "2"]
-        p = run(ctx, sizes_args + ["-d", dtype, "-o", op, "--scheme", scheme, "--json", jf] + args)
+        p = run(ctx, sizes_args + ["-d", dtype, "-o", op, "--scheme", scheme, "--json", jf] + args, env=env)
         with open(jf) as f:
             js = json.load(f)
     rows = parse(ctx, p.stdout)
@@ -131,6 +132,34 @@ def case_aggregator(ctx):
     p = run(ctx, ["-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--scheme", "thc", "--block", "1024",
                   "--aggregator", "udp://127.0.0.1:9"], expect_rc=None, env=env)
     check(p.returncode != 0 and "aggregator" in p.stderr, f"--aggregator without a server must fail clearly:\n{p.stderr}")
+
+
+def case_aggregator_live(ctx):
+    """thc_allreduce / cnat_allreduce through a real thc-aggregator process (thc_comm_create_aggregator),
+    lossless and with 5% client-side drops and duplicates: correct rows and NMSE within bounds."""
+    agg = os.environ.get("THC_AGGREGATOR_BIN")
+    check(agg and os.path.exists(agg), f"THC_AGGREGATOR_BIN not set or missing: {agg}")
+    with tempfile.TemporaryDirectory() as d:
+        pf = os.path.join(d, "port")
+        srv = subprocess.Popen([agg, "--port", "0", "--port-file", pf, "--stats-interval", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            for _ in range(200):
+                if os.path.exists(pf) and open(pf).read().strip():
+                    break
+                time.sleep(0.05)
+            port = int(open(pf).read().strip())
+            url = f"udp://127.0.0.1:{port}"
+            base = dict(os.environ, THC_TIMEOUT_MS="20000")
+            sized(ctx, ["--block", "1024", "--aggregator", url], scheme="thc", nmse_max=0.1, env=base)
+            sized(ctx, ["--block", "1024", "--aggregator", url], scheme="cnat", nmse_max=0.125, env=base)
+            lossy = dict(base, THC_FAULT_DROP="0.05", THC_FAULT_DUP="0.05", THC_FAULT_REORDER="0.05")
+            sized(ctx, ["--block", "1024", "--aggregator", url, "--ef"], scheme="thc", op="avg", nmse_max=0.1, env=lossy)
+        finally:
+            srv.terminate()
+            out, _ = srv.communicate(timeout=30)
+        check(srv.returncode == 0, f"thc-aggregator exited {srv.returncode}:\n{out}")
+        check("packets" in out, f"thc-aggregator prints statistics at SIGTERM:\n{out}")
 
 
 def case_errors(ctx):
