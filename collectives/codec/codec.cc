@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "collectives/codec/codec_simd.h"
 #include "collectives/codec/rht.h"
 #include "collectives/codec/table_solver.h"
 
@@ -37,12 +38,6 @@ void store_vals(void* base, uint64_t off, const int32_t* v, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<T>(v[i]);
 }
 
-template <typename T>
-void load_vals(const void* base, uint64_t off, float* out, uint64_t n) {
-  const T* p = static_cast<const T*>(base) + off;
-  for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
-}
-
 void store_any(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
   switch (t) {
     case IntType::kU8: return store_vals<uint8_t>(base, off, v, n);
@@ -51,19 +46,6 @@ void store_any(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n
     case IntType::kI8: return store_vals<int8_t>(base, off, v, n);
     case IntType::kI16: return store_vals<int16_t>(base, off, v, n);
     case IntType::kI32: return store_vals<int32_t>(base, off, v, n);
-  }
-}
-
-// Sums are exact integers; float holds them exactly up to 2^24, beyond that the rounding is far
-// below the quantisation noise.
-void load_any(IntType t, const void* base, uint64_t off, float* out, uint64_t n) {
-  switch (t) {
-    case IntType::kU8: return load_vals<uint8_t>(base, off, out, n);
-    case IntType::kU16: return load_vals<uint16_t>(base, off, out, n);
-    case IntType::kU32: return load_vals<uint32_t>(base, off, out, n);
-    case IntType::kI8: return load_vals<int8_t>(base, off, out, n);
-    case IntType::kI16: return load_vals<int16_t>(base, off, out, n);
-    case IntType::kI32: return load_vals<int32_t>(base, off, out, n);
   }
 }
 
@@ -138,48 +120,13 @@ int64_t load_int(IntType t, const void* base, uint64_t i) {
   return 0;
 }
 
-void pack_bits(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
-  if (n == 0) return;
-  if (bits == 8) {
-    std::memcpy(out, codes, n);
-    return;
-  }
-  const uint64_t nbytes = (n * bits + 7) / 8;
-  std::memset(out, 0, nbytes);
-  uint64_t acc = 0;
-  int nacc = 0;
-  uint64_t o = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    acc |= static_cast<uint64_t>(codes[i]) << nacc;
-    nacc += bits;
-    while (nacc >= 8) {
-      out[o++] = static_cast<uint8_t>(acc);
-      acc >>= 8;
-      nacc -= 8;
-    }
-  }
-  if (nacc > 0) out[o] = static_cast<uint8_t>(acc);
-}
+// Sums are exact integers; float holds them exactly up to 2^24, beyond that the rounding is far
+// below the quantisation noise (kern::*_dequant convert with static_cast semantics).
+
+void pack_bits(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) { kern::pack_bits_simd(codes, n, bits, out); }
 
 void unpack_bits(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
-  if (n == 0) return;
-  if (bits == 8) {
-    std::memcpy(codes, packed, n);
-    return;
-  }
-  const uint32_t mask = (1u << bits) - 1u;
-  uint64_t acc = 0;
-  int nacc = 0;
-  uint64_t in = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    if (nacc < bits) {
-      acc |= static_cast<uint64_t>(packed[in++]) << nacc;
-      nacc += 8;
-    }
-    codes[i] = static_cast<uint8_t>(acc & mask);
-    acc >>= bits;
-    nacc -= bits;
-  }
+  kern::unpack_bits_simd(packed, n, bits, codes);
 }
 
 Codec::Codec(const Params& params, int n) : params_(params), n_(n) {
@@ -320,20 +267,14 @@ bool Codec::prelude(const float* x, uint64_t count, float* stats) const {
     const uint64_t m = l.elems(b);
     if (l2) {
       // RMS over the block's wire size: MAX-combinable like the norm, and never overflows float.
-      double s = 0;
-      for (uint64_t i = 0; i < m; ++i) s += static_cast<double>(p[i]) * p[i];
+      // The sum of squares has a fixed summation order (kern::sum_squares), whatever the SIMD width.
+      const double s = kern::sum_squares(p, m);
       if (!std::isfinite(s)) finite = false;
       stats[b] = static_cast<float>(std::sqrt(s / static_cast<double>(l.wire(b))));
     } else {
-      float mx = 0;
       bool bad = false;
-      for (uint64_t i = 0; i < m; ++i) {
-        const float a = std::fabs(p[i]);
-        bad |= !(a <= 3.402823466e38f);
-        mx = a > mx ? a : mx;
-      }
+      stats[b] = kern::max_abs(p, m, &bad);
       if (bad) finite = false;
-      stats[b] = mx;
     }
   }
   return finite;
@@ -373,59 +314,47 @@ Codec::BlockScale Codec::block_scale(float stat, uint64_t wire_elems) const {
   return s;
 }
 
+// idx or val may be null (that form is not needed).
 void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t blk, float stat,
                          const CallRng& rng, uint8_t* idx, int32_t* val, float* work) const {
   const BlockScale bs = block_scale(stat, wire);
   const rng::Stream own = rng.own();
-  const auto key = rng::make_key(own);
   if (bs.zero) {
     // Every worker's block is zero; decode ignores the sums. Send the code of value 0.
-    std::memset(idx, 0, wire);
-    std::memset(val, 0, wire * sizeof(int32_t));
+    if (idx) std::memset(idx, 0, wire);
+    if (val) std::memset(val, 0, wire * sizeof(int32_t));
     return;
   }
   if (rotates()) {
-    for (uint64_t i = 0; i < elems; ++i) work[i] = elem::scale2(x[i], -bs.exp);
-    std::fill(work + elems, work + wire, 0.0f);
-    apply_signs(work, wire, rng.shared(), blk);
-    fwht(work, wire);
-    const float t = static_cast<float>(t_p_);
-    const float g = static_cast<float>(g_);
-    const float g2t = static_cast<float>(g_ / (2.0 * t_p_));
-    for (uint64_t i = 0; i < wire; i += 4) {
-      const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-      for (uint64_t k = 0; k < 4 && i + k < wire; ++k) {
-        const float v = elem::thc_grid(work[i + k] * bs.enc, t, g2t, g);
-        elem::thc_round(v, rng::to_unit(r.v[k]), cells_.data(), g_, &idx[i + k], &val[i + k]);
-      }
-    }
+    // work = H D (x 2^-e), zero-padded to the wire size (prescale_signs, then fwht).
+    kern::rotate_forward(x, elems, wire, -bs.exp, rng.shared(), blk, work);
+    kern::ThcTables tb;
+    tb.cells = cells_.data();
+    tb.g = g_;
+    tb.t = static_cast<float>(t_p_);
+    tb.gf = static_cast<float>(g_);
+    tb.g_over_2t = static_cast<float>(g_ / (2.0 * t_p_));
+    kern::thc_quantize(work, wire, bs.enc, tb, own, blk, idx, val);
   } else {
-    const int L = levels_;
-    for (uint64_t i = 0; i < elems; i += 4) {
-      const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-      for (uint64_t k = 0; k < 4 && i + k < elems; ++k) {
-        const float a = x[i + k];
-        const float rr = elem::scale2(std::fabs(a), -bs.exp) * bs.enc;
-        elem::nat_round(rr, a < 0, rng::to_unit(r.v[k]), L, bits_, &idx[i + k], &val[i + k]);
-      }
-    }
+    kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val);
   }
 }
 
 void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
                    const float* stats, const CallRng& rng, const EncodeOut& out) const {
   const uint64_t B = lay.block;
-  std::vector<uint8_t> idx(B);
-  std::vector<int32_t> val(B);
+  std::vector<uint8_t> idx(out.packed ? B : 0);
+  std::vector<int32_t> val(out.values || out.residual ? B : 0);
   std::vector<float> work(rotates() ? B : 0);
   uint64_t wire_off = 0;
   for (uint64_t k = 0; k < nblocks; ++k) {
     const uint64_t blk = first_block + k;
     const uint64_t m = lay.elems(blk), w = lay.wire(blk);
     const float* xb = x + k * B;
-    encode_block(xb, m, w, blk, stats[k], rng, idx.data(), val.data(), work.data());
+    encode_block(xb, m, w, blk, stats[k], rng, out.packed ? idx.data() : nullptr,
+                 val.empty() ? nullptr : val.data(), work.data());
     if (out.packed) pack_bits(idx.data(), w, bits_, out.packed + wire_off * bits_ / 8);
-    if (out.values) store_any(sum_type_, out.values, wire_off, val.data(), w);
+    if (out.values) kern::store_values(sum_type_, out.values, wire_off, val.data(), w);
     if (out.residual) {
       float* res = out.residual + k * B;
       const BlockScale bs = block_scale(stats[k], w);
@@ -436,14 +365,10 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
         // dequantised rotated value. Computed exactly like decode with one contributor.
         const float step = static_cast<float>(2.0 * t_p_ / g_);
         const float half = 0.5f * static_cast<float>(g_);
-        const float f = bs.dec;
-        for (uint64_t i = 0; i < w; ++i) work[i] = elem::thc_decode_sum(static_cast<float>(val[i]), half, step) * f;
-        fwht(work.data(), w);
-        apply_signs(work.data(), w, rng.shared(), blk);
-        for (uint64_t i = 0; i < m; ++i) res[i] = xb[i] - elem::scale2(work[i], bs.exp);
+        kern::thc_dequant(IntType::kI32, val.data(), 0, w, half, step, bs.dec, work.data());
+        kern::rotate_inverse(work.data(), w, m, bs.exp, rng.shared(), blk, xb, res);  // fwht + signs_postscale
       } else {
-        for (uint64_t i = 0; i < m; ++i)
-          res[i] = xb[i] - elem::scale2(static_cast<float>(val[i]) * bs.dec, bs.exp);
+        kern::nat_dequant(IntType::kI32, val.data(), 0, m, bs.dec, bs.exp, xb, res);
       }
     }
     wire_off += w;
@@ -454,7 +379,7 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
                    const float* stats, const CallRng& rng, int contributors, bool mean,
                    float* out) const {
   const uint64_t B = lay.block;
-  std::vector<float> work(B);
+  std::vector<float> work(rotates() ? B : 0);
   uint64_t wire_off = 0;
   const float cnt = static_cast<float>(contributors);
   const float inv_cnt = mean ? 1.0f / cnt : 1.0f;
@@ -468,18 +393,14 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
       wire_off += w;
       continue;
     }
-    load_any(sum_type_, sums, wire_off, work.data(), w);
     if (rotates()) {
       const float step = static_cast<float>(2.0 * t_p_ / g_);
       const float half = 0.5f * static_cast<float>(g_) * cnt;
       const float f = bs.dec * inv_cnt;
-      for (uint64_t i = 0; i < w; ++i) work[i] = elem::thc_decode_sum(work[i], half, step) * f;
-      fwht(work.data(), w);
-      apply_signs(work.data(), w, rng.shared(), blk);
-      for (uint64_t i = 0; i < m; ++i) ob[i] = elem::scale2(work[i], bs.exp);
+      kern::thc_dequant(sum_type_, sums, wire_off, w, half, step, f, work.data());
+      kern::rotate_inverse(work.data(), w, m, bs.exp, rng.shared(), blk, nullptr, ob);  // fwht + signs_postscale
     } else {
-      const float f = bs.dec * inv_cnt;
-      for (uint64_t i = 0; i < m; ++i) ob[i] = elem::scale2(work[i] * f, bs.exp);
+      kern::nat_dequant(sum_type_, sums, wire_off, m, bs.dec * inv_cnt, bs.exp, nullptr, ob);
     }
     wire_off += w;
   }

@@ -1,10 +1,22 @@
 // Fast Walsh-Hadamard transform, scalar reference and a Highway SIMD version.
 //
 // Shape of the SIMD version (cache and register aware):
-//  * stages with h = 1 and 2 run inside 128-bit vectors with lane shuffles;
-//  * stages with 4 <= h < 2^12 run on L1-sized tiles (2^13 floats), so a tile stays in cache
-//    while all its small stages run;
-//  * the remaining large stages are fused two at a time (radix 4), halving passes over memory.
+//  * AVX-512 targets, n >= 128: the first pass runs stages h = 1..8 inside each zmm register
+//    (a lane permute and a multiply-add by +-1, exact) and h = 16..64 across 8 registers, so a
+//    128-float chunk takes its first 7 stages in one load and one store; every further pass runs
+//    up to 4 stages (radix 16) on 16 registers loaded at stride h. A 2^16 block takes 4 passes.
+//    The codec's kernels fuse their element-wise prologue (prescale and signs) into the first
+//    pass and their epilogue (signs, postscale, residual) into the last (kern::rotate_*).
+//  * other targets: stages h = 1 and 2 inside 128-bit vectors with lane shuffles; stages with
+//    4 <= h < 2^12 on L1-sized tiles (2^13 floats), so a tile stays in cache while all its
+//    small stages run; the remaining large stages fused two at a time (radix 4).
+// Every butterfly computes a + b and a - b of the same operands as fwht_scalar, so the result is
+// bit-identical whatever the order of the passes.
+// GCC 12's AVX-512 intrinsics (permutes, shuffles, conversions) start from _mm512_undefined_*,
+// which trips a false -Wmaybe-uninitialized (GCC bug 105593, fixed in 12.3 / 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "collectives/codec/rht.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -12,7 +24,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "collectives/codec/codec_simd.h"
+#include "collectives/codec/elem.h"
+#include "collectives/codec/philox-inl.h"
+#include "hwy/cache_control.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 #include "collectives/codec/rht.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -21,8 +42,45 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+void ApplySignsImpl(float* x, uint64_t n, const rng::Stream& shared, uint64_t blk) {
+  kern::apply_signs_scalar(x, n, shared, blk);
+}
+#else
+// Sign flips as XOR of bit 31, with the sign words of 128 Lanes elements drawn at once.
+void ApplySignsImpl(float* HWY_RESTRICT x, uint64_t n, const rng::Stream& shared, uint64_t blk) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const size_t N = hn::Lanes(d);
+  const uint64_t span = 128 * N;
+  const PhiloxFamily fam = MakeFamily(shared, rng::kPurposeSigns, blk);
+  HWY_ALIGN uint32_t words[4 * kMaxU32];
+  for (uint64_t base = 0; base < n; base += span) {
+    SignWords(du, fam, base, words);
+    const uint64_t end = n - base < span ? n : base + span;
+    uint64_t i = base;
+    for (; i + N <= end; i += N)
+      hn::StoreU(hn::Xor(hn::LoadU(d, x + i), hn::BitCast(d, SignBits(du, words, i - base))), d, x + i);
+    for (; i < end; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &x[i], 4);
+      u ^= ScalarSignBit(words, i - base);
+      std::memcpy(&x[i], &u, 4);
+    }
+  }
+}
+#endif
+
 #if HWY_TARGET == HWY_SCALAR
 void FwhtImpl(float* x, uint64_t n) { fwht_scalar(x, n); }
+void RotateForwardImpl(const float* x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk,
+                       float* work) {
+  kern::rotate_forward_scalar(x, elems, n, e, shared, blk, work);
+}
+void RotateInverseImpl(float* work, uint64_t n, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                       const float* sub, float* out) {
+  kern::rotate_inverse_scalar(work, n, m, e, shared, blk, sub, out);
+}
 #else
 constexpr uint64_t kTile = uint64_t{1} << 13;
 
@@ -90,7 +148,7 @@ void TileStages(float* HWY_RESTRICT x, uint64_t n) {
   }
 }
 
-void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
+void FwhtGeneric(float* HWY_RESTRICT x, uint64_t n) {
   if (n < 4) {
     fwht_scalar(x, n);
     return;
@@ -102,6 +160,203 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
   for (; 4 * h <= n; h *= 4) Stage4(d, x, n, h);
   if (h < n) Stage(d, x, n, h);
 }
+
+#if HWY_TARGET <= HWY_AVX3
+#define THC_FWHT_AVX512 1
+// ---------------------------------------------------------------------------------------------
+// AVX-512 FWHT in register passes (see the top of the file).
+
+// Stages h = 1, 2, 4, 8 inside one register: v * (+-1) + (v with lanes j, j ^ h swapped) gives
+// x[j] + x[j+h] in the low lane of each pair and x[j-h] - x[j] in the high one; the product by
+// +-1 is exact, so the multiply-add rounds once, exactly like the scalar a + b and a - b.
+struct InRegSigns {
+  __m512 s1, s2, s4, s8;
+};
+HWY_INLINE InRegSigns MakeInRegSigns() {
+  alignas(64) float a[4][16];
+  for (int j = 0; j < 16; ++j) {
+    a[0][j] = (j & 1) ? -1.f : 1.f;
+    a[1][j] = (j & 2) ? -1.f : 1.f;
+    a[2][j] = (j & 4) ? -1.f : 1.f;
+    a[3][j] = (j & 8) ? -1.f : 1.f;
+  }
+  return {_mm512_load_ps(a[0]), _mm512_load_ps(a[1]), _mm512_load_ps(a[2]), _mm512_load_ps(a[3])};
+}
+HWY_INLINE __m512 InRegStages(__m512 v, const InRegSigns& c) {
+  v = _mm512_fmadd_ps(v, c.s1, _mm512_permute_ps(v, 0xB1));             // h = 1: lanes [1,0,3,2]
+  v = _mm512_fmadd_ps(v, c.s2, _mm512_permute_ps(v, 0x4E));             // h = 2: lanes [2,3,0,1]
+  v = _mm512_fmadd_ps(v, c.s4, _mm512_shuffle_f32x4(v, v, 0xB1));       // h = 4: blocks [1,0,3,2]
+  return _mm512_fmadd_ps(v, c.s8, _mm512_shuffle_f32x4(v, v, 0x4E));    // h = 8: blocks [2,3,0,1]
+}
+
+// R stages across 2^R registers: stage s pairs register m with m + 2^s.
+template <int R>
+HWY_INLINE void CrossStages(__m512 (&v)[1 << R]) {
+  HWY_UNROLL(4)
+  for (int s = 0; s < R; ++s) {
+    HWY_UNROLL(16)
+    for (int m = 0; m < (1 << R); ++m) {
+      if (m & (1 << s)) continue;
+      const __m512 a = v[m], b = v[m + (1 << s)];
+      v[m] = _mm512_add_ps(a, b);
+      v[m + (1 << s)] = _mm512_sub_ps(a, b);
+    }
+  }
+}
+
+// First pass: stages h = 1..64 on each 128-float chunk; load(i) returns the 16 input floats at
+// element i (the pass may read its input from elsewhere and transform it on the way in).
+template <class Load>
+HWY_INLINE void FirstPass(float* HWY_RESTRICT x, uint64_t n, const Load& load) {
+  const InRegSigns c = MakeInRegSigns();
+  for (uint64_t i = 0; i < n; i += 128) {
+    __m512 v[8];
+    HWY_UNROLL(8)
+    for (int k = 0; k < 8; ++k) v[k] = InRegStages(load(i + 16 * k), c);
+    CrossStages<3>(v);
+    HWY_UNROLL(8)
+    for (int k = 0; k < 8; ++k) _mm512_storeu_ps(x + i + 16 * k, v[k]);
+  }
+}
+
+// A pass of R stages h0 .. 2^(R-1) h0; store(i, v) receives the final 16 floats at element i.
+template <int R, class Store>
+HWY_INLINE void RadixPass(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, const Store& store) {
+  const uint64_t span = h0 << R;
+  for (uint64_t b = 0; b < n; b += span) {
+    for (uint64_t j = b; j < b + h0; j += 16) {
+      __m512 v[1 << R];
+      HWY_UNROLL(16)
+      for (int m = 0; m < (1 << R); ++m) v[m] = _mm512_loadu_ps(x + j + m * h0);
+      CrossStages<R>(v);
+      HWY_UNROLL(16)
+      for (int m = 0; m < (1 << R); ++m) store(j + m * h0, v[m]);
+    }
+  }
+}
+
+template <class Store>
+HWY_INLINE void RadixPassR(int r, float* HWY_RESTRICT x, uint64_t n, uint64_t h0, const Store& store) {
+  switch (r) {
+    case 1: return RadixPass<1>(x, n, h0, store);
+    case 2: return RadixPass<2>(x, n, h0, store);
+    case 3: return RadixPass<3>(x, n, h0, store);
+    default: return RadixPass<4>(x, n, h0, store);
+  }
+}
+
+// The stages after the first pass (h = 128 .. n/2), in passes of at most 4 stages, sized as
+// evenly as possible; the last pass hands its results to last_store, the others store in place.
+template <class Store>
+HWY_INLINE void LaterPasses(float* HWY_RESTRICT x, uint64_t n, const Store& last_store) {
+  int rest = 0;
+  while ((uint64_t{128} << rest) < n) ++rest;
+  const int passes = (rest + 3) / 4;
+  uint64_t h = 128;
+  auto in_place = [x](uint64_t i, __m512 v) { _mm512_storeu_ps(x + i, v); };
+  for (int p = 0; p < passes; ++p) {
+    const int r = (rest + (passes - p) - 1) / (passes - p);  // ceil(rest / passes left)
+    if (p + 1 < passes) {
+      RadixPassR(r, x, n, h, in_place);
+    } else {
+      RadixPassR(r, x, n, h, last_store);
+    }
+    rest -= r;
+    h <<= r;
+  }
+}
+
+// Sign bitmap of a block's RHT diagonal: bit i & 31 of word i >> 5 set where element i flips
+// (the order of apply_signs); room for max(n, 2048) / 32 words.
+HWY_INLINE const uint32_t* SignBitmap(const rng::Stream& shared, uint64_t blk, uint64_t n) {
+  static thread_local std::vector<uint32_t> words;
+  const uint64_t need = (n < 2048 ? 2048 : n) / 32;
+  if (words.size() < need) words.resize(need);
+  const hn::ScalableTag<uint32_t> du;
+  const PhiloxFamily fam = MakeFamily(shared, rng::kPurposeSigns, blk);
+  for (uint64_t base = 0; base < n; base += 2048) SignWords(du, fam, base, words.data() + base / 32);
+  return words.data();
+}
+
+// Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
+HWY_INLINE __m512 RoundedPs(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+#else
+#define THC_FWHT_AVX512 0
+#endif
+
+void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
+#if THC_FWHT_AVX512
+  if (n >= 128) {
+    FirstPass(x, n, [x](uint64_t i) { return _mm512_loadu_ps(x + i); });
+    LaterPasses(x, n, [x](uint64_t i, __m512 v) { _mm512_storeu_ps(x + i, v); });
+    return;
+  }
+#endif
+  FwhtGeneric(x, n);
+}
+
+// work = H D scale2(x, e) (zero-padded from elems to n): prescale_signs + fwht.
+void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
+                       uint64_t blk, float* HWY_RESTRICT work) {
+#if THC_FWHT_AVX512
+  if (n >= 128) {
+    const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
+    const int h = e / 2;
+    const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    FirstPass(work, n, [&](uint64_t i) {
+      __m512 v;
+      if (i + 16 <= elems) {
+        hwy::Prefetch(x + i + 4096);
+        v = _mm512_loadu_ps(x + i);
+      } else if (i < elems) {
+        v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (elems - i)) - 1u), x + i);
+      } else {
+        v = _mm512_setzero_ps();
+      }
+      v = _mm512_mul_ps(_mm512_mul_ps(v, p1), p2);  // scale2, then the sign flip (exact)
+      return _mm512_mask_xor_ps(v, masks[i >> 4], v, sign);
+    });
+    LaterPasses(work, n, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
+    return;
+  }
+#endif
+  kern::prescale_signs(x, elems, n, e, shared, blk, work);
+  FwhtImpl(work, n);
+}
+
+// out[i] = scale2(D (H work)[i], e) for i < m, or sub[i] - that: fwht + signs_postscale.
+void RotateInverseImpl(float* HWY_RESTRICT work, uint64_t n, uint64_t m, int e, const rng::Stream& shared,
+                       uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out) {
+#if THC_FWHT_AVX512
+  if (n >= 256) {
+    const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
+    const int h = e / 2;
+    const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    FirstPass(work, n, [work](uint64_t i) { return _mm512_loadu_ps(work + i); });
+    LaterPasses(work, n, [&](uint64_t i, __m512 v) {
+      if (i >= m) return;
+      v = _mm512_mask_xor_ps(v, masks[i >> 4], v, sign);
+      v = RoundedPs(_mm512_mul_ps(_mm512_mul_ps(v, p1), p2));
+      if (i + 16 <= m) {
+        if (sub) v = _mm512_sub_ps(_mm512_loadu_ps(sub + i), v);
+        _mm512_storeu_ps(out + i, v);
+      } else {
+        const __mmask16 k = static_cast<__mmask16>((1u << (m - i)) - 1u);
+        if (sub) v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, sub + i), v);
+        _mm512_mask_storeu_ps(out + i, k, v);
+      }
+    });
+    return;
+  }
+#endif
+  FwhtImpl(work, n);
+  kern::signs_postscale(work, m, e, shared, blk, sub, out);
+}
 #endif
 
 }  // namespace thc::codec::HWY_NAMESPACE
@@ -112,6 +367,9 @@ namespace thc::codec {
 
 HWY_EXPORT(FwhtImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(ApplySignsImpl);
+HWY_EXPORT(RotateForwardImpl);
+HWY_EXPORT(RotateInverseImpl);
 
 void fwht(float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(FwhtImpl)(x, n); }
 
@@ -127,7 +385,30 @@ void fwht_scalar(float* x, uint64_t n) {
   }
 }
 
+void kern::rotate_forward(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                          uint64_t blk, float* work) {
+  HWY_DYNAMIC_DISPATCH(RotateForwardImpl)(x, elems, wire, e, shared, blk, work);
+}
+void kern::rotate_forward_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                                 uint64_t blk, float* work) {
+  prescale_signs_scalar(x, elems, wire, e, shared, blk, work);
+  fwht_scalar(work, wire);
+}
+void kern::rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                          const float* sub, float* out) {
+  HWY_DYNAMIC_DISPATCH(RotateInverseImpl)(work, wire, m, e, shared, blk, sub, out);
+}
+void kern::rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
+                                 uint64_t blk, const float* sub, float* out) {
+  fwht_scalar(work, wire);
+  signs_postscale_scalar(work, m, e, shared, blk, sub, out);
+}
+
 void apply_signs(float* x, uint64_t n, const rng::Stream& shared, uint64_t block) {
+  HWY_DYNAMIC_DISPATCH(ApplySignsImpl)(x, n, shared, block);
+}
+
+void kern::apply_signs_scalar(float* x, uint64_t n, const rng::Stream& shared, uint64_t block) {
   const auto key = rng::make_key(shared);
   for (uint64_t g = 0; g * 128 < n; ++g) {
     const auto r = rng::draw4(key, shared, rng::kPurposeSigns, block, static_cast<uint32_t>(g));

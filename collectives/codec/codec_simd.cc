@@ -1,0 +1,911 @@
+// The codec's hot loops: Highway SIMD kernels (dynamic dispatch) and their scalar references.
+// See codec_simd.h for the contract: bit-identical results, per-element operations of elem.h in
+// the same order, no FMA contraction.
+//
+// Where the time goes (per element, 2^16 blocks, AVX-512): the prelude's one streaming read,
+// the RHT (rht.cc: register-tiled FWHT passes with the prescale and signs fused in), and the
+// rounding, whose cost is mostly Philox (one counter per 4 elements). The rounding kernels
+// generate their draws in registers (philox-inl.h: PhiloxElems4, 64-bit lanes, already in
+// element order) and consume them without a trip through memory; THC looks its cell fields up
+// with two-register permutes when g <= 31 (vpermt2d/ps), else gathers them from the Codec's
+// ThcCell array (16-byte records, gather indices 4k + field). Streaming reads of the input carry
+// a software prefetch (kPrefetchFloats).
+
+// GCC 12's AVX-512 intrinsics (permutes, shuffles, conversions) start from _mm512_undefined_*,
+// which trips a false -Wmaybe-uninitialized (GCC bug 105593, fixed in 12.3 / 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "collectives/codec/codec_simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/cache_control.h"
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "collectives/codec/codec_simd.h"
+#include "collectives/codec/elem.h"
+#include "collectives/codec/philox-inl.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace thc::codec::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+const char* KernelTargetImpl() { return hwy::TargetName(HWY_TARGET); }
+
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+// Fallback targets: the scalar reference.
+void PrescaleSignsImpl(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                       uint64_t blk, float* work) {
+  kern::prescale_signs_scalar(x, elems, wire, e, shared, blk, work);
+}
+void SignsPostscaleImpl(const float* work, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                        const float* sub, float* out) {
+  kern::signs_postscale_scalar(work, m, e, shared, blk, sub, out);
+}
+void ThcQuantizeImpl(const float* work, uint64_t n, float enc, const kern::ThcTables& tb, const rng::Stream& own,
+                     uint64_t blk, uint8_t* idx, int32_t* val) {
+  kern::thc_quantize_scalar(work, n, enc, tb, own, blk, idx, val);
+}
+void NatQuantizeImpl(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
+                     uint64_t blk, uint8_t* idx, int32_t* val) {
+  kern::nat_quantize_scalar(x, n, e, enc, levels, bits, own, blk, idx, val);
+}
+void ThcDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                    float* work) {
+  kern::thc_dequant_scalar(t, sums, off, n, half, step, f, work);
+}
+void NatDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                    float* out) {
+  kern::nat_dequant_scalar(t, sums, off, n, f, e, sub, out);
+}
+void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
+  kern::store_values_scalar(t, base, off, v, n);
+}
+double SumSquaresImpl(const float* x, uint64_t n) { return kern::sum_squares_scalar(x, n); }
+float MaxAbsImpl(const float* x, uint64_t n, bool* bad) { return kern::max_abs_scalar(x, n, bad); }
+void PackBitsImpl(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
+  kern::pack_bits_scalar(codes, n, bits, out);
+}
+void UnpackBitsImpl(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
+  kern::unpack_bits_scalar(packed, n, bits, codes);
+}
+
+#else  // vector targets
+
+using DF = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<DF>;
+using DI = hn::RebindToSigned<DF>;
+
+// A rounded product, opaque to the compiler. GCC contracts a * b - c into an FMA by default in
+// C++ (-ffp-contract=fast) when the target has FMA, as these AVX2/AVX-512 targets do; the scalar
+// reference rounds the product first, which differs when the product is inexact (denormal
+// results). Every product that feeds an add or subtract goes through here. (Products that are
+// exact anyway, like float squares in double or x * 2^16, need no barrier.)
+template <class V>
+HWY_INLINE V Rounded(V v) {
+#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
+  if constexpr (sizeof(v.raw) == 64) {
+    asm("" : "+v"(v.raw));
+  } else {
+    asm("" : "+x"(v.raw));
+  }
+#endif
+  return v;
+}
+HWY_INLINE float Rounded(float v) {
+#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
+  asm("" : "+x"(v));
+#endif
+  return v;
+}
+
+void PrescaleSignsImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t wire, int e,
+                       const rng::Stream& shared, uint64_t blk, float* HWY_RESTRICT work) {
+  const DF d;
+  const DU du;
+  const size_t N = hn::Lanes(d);
+  const uint64_t span = 128 * N;
+  const PhiloxFamily fam = MakeFamily(shared, rng::kPurposeSigns, blk);
+  const int h = e / 2;
+  const float p1 = elem::pow2f(h), p2 = elem::pow2f(e - h);
+  const auto v1 = hn::Set(d, p1), v2 = hn::Set(d, p2);
+  HWY_ALIGN uint32_t words[4 * kMaxU32];
+  for (uint64_t base = 0; base < wire; base += span) {
+    SignWords(du, fam, base, words);
+    const uint64_t end = wire - base < span ? wire : base + span;
+    uint64_t i = base;
+    for (; i + N <= end && i + N <= elems; i += N) {
+      const auto v = hn::Mul(hn::Mul(hn::LoadU(d, x + i), v1), v2);
+      hn::StoreU(hn::Xor(v, hn::BitCast(d, SignBits(du, words, i - base))), d, work + i);
+    }
+    for (; i < end && i < elems; ++i)  // the vector that straddles elems
+      work[i] = elem::bits_float(elem::float_bits(elem::scale2(x[i], e)) ^ ScalarSignBit(words, i - base));
+    for (; i < end && (i % N) != 0; ++i) work[i] = elem::bits_float(ScalarSignBit(words, i - base));
+    for (; i + N <= end; i += N) hn::StoreU(hn::BitCast(d, SignBits(du, words, i - base)), d, work + i);
+    for (; i < end; ++i) work[i] = elem::bits_float(ScalarSignBit(words, i - base));
+  }
+}
+
+void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const rng::Stream& shared,
+                        uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out) {
+  const DF d;
+  const DU du;
+  const size_t N = hn::Lanes(d);
+  const uint64_t span = 128 * N;
+  const PhiloxFamily fam = MakeFamily(shared, rng::kPurposeSigns, blk);
+  const int h = e / 2;
+  const float p1 = elem::pow2f(h), p2 = elem::pow2f(e - h);
+  const auto v1 = hn::Set(d, p1), v2 = hn::Set(d, p2);
+  HWY_ALIGN uint32_t words[4 * kMaxU32];
+  for (uint64_t base = 0; base < m; base += span) {
+    SignWords(du, fam, base, words);
+    const uint64_t end = m - base < span ? m : base + span;
+    uint64_t i = base;
+    if (sub) {
+      for (; i + N <= end; i += N) {
+        auto v = hn::Xor(hn::LoadU(d, work + i), hn::BitCast(d, SignBits(du, words, i - base)));
+        v = Rounded(hn::Mul(hn::Mul(v, v1), v2));
+        hn::StoreU(hn::Sub(hn::LoadU(d, sub + i), v), d, out + i);
+      }
+    } else {
+      for (; i + N <= end; i += N) {
+        auto v = hn::Xor(hn::LoadU(d, work + i), hn::BitCast(d, SignBits(du, words, i - base)));
+        hn::StoreU(hn::Mul(hn::Mul(v, v1), v2), d, out + i);
+      }
+    }
+    for (; i < end; ++i) {
+      const float v = Rounded(elem::scale2(elem::bits_float(elem::float_bits(work[i]) ^ ScalarSignBit(words, i - base)), e));
+      out[i] = sub ? sub[i] - v : v;
+    }
+  }
+}
+
+// Streaming reads of the input run a software prefetch this many floats ahead: on the machines
+// measured, the hardware prefetchers alone leave one core at about half its read bandwidth.
+// Prefetches past the end of an array are harmless (no fault), and mostly hit the next block.
+constexpr size_t kPrefetchFloats = 4096;
+
+// Draws of the own stream come straight from Philox in registers, in element order
+// (PhiloxElems4): four vectors of draws per step.
+
+#if HWY_TARGET <= HWY_AVX3
+#define THC_HAVE_AVX512 1
+#else
+#define THC_HAVE_AVX512 0
+#endif
+
+// Codes 0..255 in i32 lanes -> bytes.
+HWY_INLINE void StoreCodes(hn::Vec<DI> code, uint8_t* HWY_RESTRICT p) {
+#if THC_HAVE_AVX512
+  if constexpr (sizeof(code.raw) == 64) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(code.raw));  // truncation
+    return;
+  }
+#endif
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  hn::StoreU(hn::DemoteTo(d8, code), d8, p);
+}
+
+// The u32 draw as the float (draw >> 8), i.e. the unit draw times 2^24 (exact).
+HWY_INLINE hn::Vec<DF> Unit24(DF d, hn::Vec<DU> r) {
+  const DI di;
+  return hn::ConvertTo(d, hn::BitCast(di, hn::ShiftRight<8>(r)));
+}
+
+// Elements [i, n) (fewer than one step of draws) element by element; draws generated in
+// registers for groups from i / 4 and stored.
+template <class F>
+HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F&& per_elem) {
+  const DU du;
+  const size_t N = hn::Lanes(du);
+  HWY_ALIGN uint32_t draws[4 * kMaxU32];
+  for (; i < n; i += 4 * N) {
+    hn::Vec<DU> r0, r1, r2, r3;
+    PhiloxElems4(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 4), &r0,
+                 &r1, &r2, &r3);
+    hn::Store(r0, du, draws);
+    hn::Store(r1, du, draws + N);
+    hn::Store(r2, du, draws + 2 * N);
+    hn::Store(r3, du, draws + 3 * N);
+    const uint64_t m = n - i < 4 * N ? n - i : 4 * N;
+    for (uint64_t j = 0; j < m; ++j) per_elem(i + j, draws[j]);
+  }
+}
+
+void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, const kern::ThcTables& tb,
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val) {
+  const DF d;
+  const DU du;
+  const DI di;
+  const size_t N = hn::Lanes(d);
+  const size_t step = 4 * N;
+  const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
+  const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
+  const auto venc = hn::Set(d, enc);
+  const auto t = hn::Set(d, tb.t), negt = hn::Set(d, -tb.t);
+  const auto g2t = hn::Set(d, tb.g_over_2t), gf = hn::Set(d, tb.gf);
+  // v = thc_grid(work * enc): y clamped to [-t, t] (Min/Max with the bound first pass NaN on,
+  // as the scalar ?:), then v = (y + t) * g/(2t) >= +0 (y >= -t), clamped to g.
+  auto grid = [&](uint64_t i) {
+    auto y = hn::Mul(hn::LoadU(d, work + i), venc);
+    y = hn::Max(negt, hn::Min(t, y));
+    return hn::Min(gf, hn::Mul(hn::Add(y, t), g2t));
+  };
+  uint64_t i = 0;
+#if THC_HAVE_AVX512
+  if (tb.g <= 31 && tb.t >= 1e-20f) {
+    // The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
+    // Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
+    // inv24 = inv_span * 2^24 and u24 = draw >> 8: u < p  <=>  u24 < (v - lo) * inv24, both
+    // sides scaled exactly by 2^24 (v - lo is 0 or far above the denormal range).
+    HWY_ALIGN float lo_f[32], inv24[32];
+    HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
+    for (int k = 0; k < 32; ++k) {
+      const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
+      lo_f[k] = static_cast<float>(c.lo_val);
+      inv24[k] = c.inv_span * 16777216.0f;
+      lo_i[k] = c.lo_val;
+      hi_i[k] = c.hi_val;
+      pair[k] = c.lo_idx | (c.hi_idx << 8);
+    }
+    const __m512 LF0 = _mm512_load_ps(lo_f), LF1 = _mm512_load_ps(lo_f + 16);
+    const __m512 IV0 = _mm512_load_ps(inv24), IV1 = _mm512_load_ps(inv24 + 16);
+    const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
+    const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
+    const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
+    auto one = [&](uint64_t j, hn::Vec<DU> r) {
+      const auto v = grid(j);
+      const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g]: truncation = floor
+      const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
+      const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
+      const __m512 p24 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
+      const __m512 u24 = _mm512_cvtepi32_ps(_mm512_srli_epi32(r.raw, 8));
+      const __mmask16 up = _mm512_cmp_ps_mask(u24, p24, _CMP_LT_OQ);
+      if (val) {
+        const __m512i q = _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(LI0, k, LI1),
+                                                  _mm512_permutex2var_epi32(HI0, k, HI1));
+        _mm512_storeu_si512(val + j, q);
+      }
+      if (idx) {
+        const __m512i pr = _mm512_permutex2var_epi32(PR0, k, PR1);
+        const __m512i code = _mm512_mask_srli_epi32(pr, up, pr, 8);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + j), _mm512_cvtepi32_epi8(code));
+      }
+    };
+    if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
+      for (; i + step <= n; i += step) {
+        hn::Vec<DU> r0, r1, r2, r3;
+        PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
+        one(i, r0);
+        one(i + N, r1);
+        one(i + 2 * N, r2);
+        one(i + 3 * N, r3);
+      }
+    }
+  }
+#endif
+  {
+    // Gather path: cell fields straight from the ThcCell array (words 4k + field).
+    const auto gm1 = hn::Set(di, tb.g - 1), zi = hn::Zero(di), ff = hn::Set(di, 0xFF);
+    const auto* base_i = reinterpret_cast<const int32_t*>(tb.cells);
+    const auto* base_f = reinterpret_cast<const float*>(tb.cells);
+    const auto o1 = hn::Set(di, 1), o2 = hn::Set(di, 2), o3 = hn::Set(di, 3);
+    const auto s24 = hn::Set(d, 16777216.0f);
+    auto one = [&](uint64_t j, hn::Vec<DU> r) {
+      const auto v = grid(j);
+      const auto k = hn::Max(hn::Min(hn::ConvertTo(di, v), gm1), zi);  // Max: NaN-safe
+      const auto k4 = hn::ShiftLeft<2>(k);
+      const auto lo = hn::GatherIndex(di, base_i, k4);
+      const auto inv = hn::GatherIndex(d, base_f, hn::Add(k4, o2));
+      const auto p = hn::Mul(hn::Sub(v, hn::ConvertTo(d, lo)), inv);
+      const auto upi = hn::RebindMask(di, hn::Lt(Unit24(d, r), hn::Mul(p, s24)));
+      if (val) {
+        const auto hi = hn::GatherIndex(di, base_i, hn::Add(k4, o1));
+        hn::StoreU(hn::IfThenElse(upi, hi, lo), di, val + j);
+      }
+      if (idx) {
+        const auto pr = hn::GatherIndex(di, base_i, hn::Add(k4, o3));
+        StoreCodes(hn::And(hn::IfThenElse(upi, hn::ShiftRight<8>(pr), pr), ff), idx + j);
+      }
+    };
+    for (; i + step <= n; i += step) {
+      hn::Vec<DU> r0, r1, r2, r3;
+      PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
+      one(i, r0);
+      one(i + N, r1);
+      one(i + 2 * N, r2);
+      one(i + 3 * N, r3);
+    }
+  }
+  TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
+    const float vv = elem::thc_grid(work[j] * enc, tb.t, tb.g_over_2t, tb.gf);
+    uint8_t z;
+    int32_t q;
+    elem::thc_round(vv, rng::to_unit(r), tb.cells, tb.g, &z, &q);
+    if (idx) idx[j] = z;
+    if (val) val[j] = q;
+  });
+}
+
+void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, int levels, int bits,
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val) {
+  const DF d;
+  const DU du;
+  const DI di;
+  const size_t N = hn::Lanes(d);
+  const size_t step = 4 * N;
+  const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
+  const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
+  const int h = e / 2;
+  const auto v1 = hn::Set(d, elem::pow2f(h)), v2 = hn::Set(d, elem::pow2f(e - h)), venc = hn::Set(d, enc);
+  const auto rmax = hn::Set(d, elem::pow2f(levels - 1)), onef = hn::Set(d, 1.0f), zero = hn::Zero(d);
+  const auto s24 = hn::Set(d, 16777216.0f);
+  const auto oi = hn::Set(di, 1), zi = hn::Zero(di), mant = hn::Set(di, 0x7FFFFF);
+  const auto m126 = hn::Set(di, 126), m125 = hn::Set(di, 125);
+  const auto sgn = hn::Set(di, 1 << (bits - 1));
+  // nat_round with integer draws: u = (draw >> 8) 2^-24 exactly, so for r >= 1
+  // u < frac = mant 2^-23  <=>  draw >> 8 < 2 mant, and for r < 1  u < r  <=>  float(draw >> 8) < r 2^24
+  // (scaling by 2^24 is exact). Level for r >= 1: exponent + 1 (+1 when going up).
+  auto one = [&](uint64_t j, hn::Vec<DU> rd) {
+    if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
+    const auto a = hn::LoadU(d, x + j);
+    auto r = hn::Mul(hn::Mul(hn::Mul(hn::Abs(a), v1), v2), venc);
+    r = hn::Min(rmax, r);  // r > rmax ? rmax : r (NaN stays NaN)
+    const auto u = hn::BitCast(di, hn::ShiftRight<8>(rd));
+    const auto rb = hn::BitCast(di, r);
+    const auto ex8 = hn::ShiftRight<23>(rb);  // r >= 0: the biased exponent
+    const auto upf = hn::Lt(u, hn::ShiftLeft<1>(hn::And(rb, mant)));
+    const auto big = hn::IfThenElse(upf, hn::Sub(ex8, m125), hn::Sub(ex8, m126));
+    const auto ups = hn::RebindMask(di, hn::Lt(hn::ConvertTo(d, u), hn::Mul(r, s24)));
+    const auto level = hn::IfThenElse(hn::RebindMask(di, hn::Ge(r, onef)), big, hn::IfThenElseZero(ups, oi));
+    const auto nz = hn::Gt(level, zi);
+    const auto s = hn::And(hn::RebindMask(di, hn::Lt(a, zero)), nz);
+    if (val) {
+      const auto mag = hn::IfThenElseZero(nz, hn::Shl(oi, hn::Max(hn::Sub(level, oi), zi)));
+      hn::StoreU(hn::IfThenElse(s, hn::Neg(mag), mag), di, val + j);
+    }
+    if (idx) StoreCodes(hn::Or(hn::IfThenElseZero(s, sgn), level), idx + j);
+  };
+  uint64_t i = 0;
+  for (; i + step <= n; i += step) {
+      hn::Vec<DU> r0, r1, r2, r3;
+    PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
+    one(i, r0);
+    one(i + N, r1);
+    one(i + 2 * N, r2);
+    one(i + 3 * N, r3);
+  }
+  TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
+    const float a = x[j];
+    const float rr = elem::scale2(std::fabs(a), e) * enc;
+    uint8_t z;
+    int32_t q;
+    elem::nat_round(rr, a < 0, rng::to_unit(r), levels, bits, &z, &q);
+    if (idx) idx[j] = z;
+    if (val) val[j] = q;
+  });
+}
+// Typed integers -> float (static_cast semantics: exact below 2^24, round to nearest above).
+template <typename T>
+HWY_INLINE hn::Vec<DF> LoadAsFloat(DF d, const T* HWY_RESTRICT p) {
+  const DI di;
+  if constexpr (sizeof(T) == 4 && std::is_signed<T>::value) {
+    return hn::ConvertTo(d, hn::LoadU(di, reinterpret_cast<const int32_t*>(p)));
+  } else if constexpr (sizeof(T) == 4) {
+    // Two exact halves, one rounding in the add: the correctly rounded float of the u32.
+    const auto v = hn::LoadU(di, reinterpret_cast<const int32_t*>(p));
+    const auto hi = hn::ConvertTo(d, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(DU(), v))));
+    const auto lo = hn::ConvertTo(d, hn::And(v, hn::Set(di, 0xFFFF)));
+    return hn::Add(hn::Mul(hi, hn::Set(d, 65536.0f)), lo);
+  } else {
+    const hn::Rebind<T, DI> dt;
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(dt, p)));
+  }
+}
+
+template <typename T>
+void ThcDequantT(const T* HWY_RESTRICT s, uint64_t n, float half, float step, float f, float* HWY_RESTRICT w) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const auto vh = hn::Set(d, half), vs = hn::Set(d, step), vf = hn::Set(d, f);
+  uint64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::Mul(hn::Sub(LoadAsFloat(d, s + i), vh), vs), vf), d, w + i);
+  for (; i < n; ++i) w[i] = elem::thc_decode_sum(static_cast<float>(s[i]), half, step) * f;
+}
+
+void ThcDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                    float* work) {
+  switch (t) {
+    case IntType::kU8: return ThcDequantT(static_cast<const uint8_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kU16: return ThcDequantT(static_cast<const uint16_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kU32: return ThcDequantT(static_cast<const uint32_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI8: return ThcDequantT(static_cast<const int8_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI16: return ThcDequantT(static_cast<const int16_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI32: return ThcDequantT(static_cast<const int32_t*>(sums) + off, n, half, step, f, work);
+  }
+}
+
+template <typename T>
+void NatDequantT(const T* HWY_RESTRICT s, uint64_t n, float f, int e, const float* HWY_RESTRICT sub,
+                 float* HWY_RESTRICT out) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const int h = e / 2;
+  const auto v1 = hn::Set(d, elem::pow2f(h)), v2 = hn::Set(d, elem::pow2f(e - h)), vf = hn::Set(d, f);
+  uint64_t i = 0;
+  if (sub) {
+    for (; i + N <= n; i += N)
+      hn::StoreU(hn::Sub(hn::LoadU(d, sub + i), Rounded(hn::Mul(hn::Mul(hn::Mul(LoadAsFloat(d, s + i), vf), v1), v2))),
+                 d, out + i);
+  } else {
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::Mul(hn::Mul(LoadAsFloat(d, s + i), vf), v1), v2), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float v = Rounded(elem::scale2(static_cast<float>(s[i]) * f, e));
+    out[i] = sub ? sub[i] - v : v;
+  }
+}
+
+void NatDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                    float* out) {
+  switch (t) {
+    case IntType::kU8: return NatDequantT(static_cast<const uint8_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kU16: return NatDequantT(static_cast<const uint16_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kU32: return NatDequantT(static_cast<const uint32_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI8: return NatDequantT(static_cast<const int8_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI16: return NatDequantT(static_cast<const int16_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI32: return NatDequantT(static_cast<const int32_t*>(sums) + off, n, f, e, sub, out);
+  }
+}
+
+// int32 -> 8 or 16 bits with two's-complement truncation (static_cast), as unsigned bytes.
+template <typename T>
+void StoreNarrow(const int32_t* HWY_RESTRICT v, uint64_t n, T* HWY_RESTRICT out) {
+  const DI di;
+  const hn::Rebind<T, DI> dt;
+  const size_t N = hn::Lanes(di);
+  const auto mask = hn::Set(di, static_cast<int32_t>((uint32_t{1} << (8 * sizeof(T))) - 1));
+  uint64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(dt, hn::And(hn::LoadU(di, v + i), mask)), dt, out + i);
+  for (; i < n; ++i) out[i] = static_cast<T>(v[i]);
+}
+
+void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
+  switch (t) {
+    case IntType::kU8:
+    case IntType::kI8: return StoreNarrow(v, n, static_cast<uint8_t*>(base) + off);
+    case IntType::kU16:
+    case IntType::kI16: return StoreNarrow(v, n, static_cast<uint16_t*>(base) + off);
+    case IntType::kU32:
+    case IntType::kI32:
+      if (n) std::memcpy(static_cast<int32_t*>(base) + off, v, n * sizeof(int32_t));
+      return;
+  }
+}
+
+double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // Lanes(dd) floats
+  const size_t Nd = hn::Lanes(dd);
+  if (Nd > 8 || 16 % Nd != 0) return kern::sum_squares_scalar(x, n);
+  const size_t K = 16 / Nd;
+  auto a0 = hn::Zero(dd), a1 = hn::Zero(dd), a2 = hn::Zero(dd), a3 = hn::Zero(dd);
+  auto a4 = hn::Zero(dd), a5 = hn::Zero(dd), a6 = hn::Zero(dd), a7 = hn::Zero(dd);
+  const uint64_t n16 = n & ~uint64_t{15};
+  // Squares of floats are exact in double, so a fused multiply-add here changes nothing.
+  auto sq = [&](const float* p) {
+    const auto v = hn::PromoteTo(dd, hn::LoadU(dfh, p));
+    return hn::Mul(v, v);
+  };
+  for (uint64_t i = 0; i < n16; i += 16) {
+    hwy::Prefetch(x + i + kPrefetchFloats);
+    a0 = hn::Add(a0, sq(x + i));
+    a1 = hn::Add(a1, sq(x + i + Nd));
+    if (K > 2) {
+      a2 = hn::Add(a2, sq(x + i + 2 * Nd));
+      a3 = hn::Add(a3, sq(x + i + 3 * Nd));
+    }
+    if (K > 4) {
+      a4 = hn::Add(a4, sq(x + i + 4 * Nd));
+      a5 = hn::Add(a5, sq(x + i + 5 * Nd));
+      a6 = hn::Add(a6, sq(x + i + 6 * Nd));
+      a7 = hn::Add(a7, sq(x + i + 7 * Nd));
+    }
+  }
+  HWY_ALIGN double p[16];
+  hn::Store(a0, dd, p);
+  hn::Store(a1, dd, p + Nd);
+  if (K > 2) {
+    hn::Store(a2, dd, p + 2 * Nd);
+    hn::Store(a3, dd, p + 3 * Nd);
+  }
+  if (K > 4) {
+    hn::Store(a4, dd, p + 4 * Nd);
+    hn::Store(a5, dd, p + 5 * Nd);
+    hn::Store(a6, dd, p + 6 * Nd);
+    hn::Store(a7, dd, p + 7 * Nd);
+  }
+  for (uint64_t i = n16; i < n; ++i) p[i & 15] += static_cast<double>(x[i]) * x[i];
+  for (int j = 0; j < 8; ++j) p[j] += p[j + 8];
+  for (int j = 0; j < 4; ++j) p[j] += p[j + 4];
+  for (int j = 0; j < 2; ++j) p[j] += p[j + 2];
+  return p[0] + p[1];
+}
+
+// max |x| on the bit patterns: for non-NaN floats, |x| orders as its bits (unsigned), and
+// every NaN is above +inf's 0x7F800000. Four independent unsigned-max chains; a block that holds
+// a NaN (maximum bits above +inf) takes the scalar reference, which skips NaN.
+float MaxAbsImpl(const float* HWY_RESTRICT x, uint64_t n, bool* bad) {
+  const DU du;
+  const size_t N = hn::Lanes(du);
+  const auto* HWY_RESTRICT xu = reinterpret_cast<const uint32_t*>(x);
+  const auto absm = hn::Set(du, 0x7FFFFFFFu);
+  auto m0 = hn::Zero(du), m1 = hn::Zero(du), m2 = hn::Zero(du), m3 = hn::Zero(du);
+  uint64_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    for (size_t b = 0; b < 4 * N; b += 16) hwy::Prefetch(xu + i + b + kPrefetchFloats);
+    m0 = hn::Max(m0, hn::And(hn::LoadU(du, xu + i), absm));
+    m1 = hn::Max(m1, hn::And(hn::LoadU(du, xu + i + N), absm));
+    m2 = hn::Max(m2, hn::And(hn::LoadU(du, xu + i + 2 * N), absm));
+    m3 = hn::Max(m3, hn::And(hn::LoadU(du, xu + i + 3 * N), absm));
+  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::And(hn::LoadU(du, xu + i), absm));
+  uint32_t m = hn::GetLane(hn::MaxOfLanes(du, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
+  for (; i < n; ++i) {
+    const uint32_t a = xu[i] & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  if (m > 0x7F800000u) return kern::max_abs_scalar(x, n, bad);  // some NaN
+  *bad = m == 0x7F800000u;
+  return elem::bits_float(m);
+}
+
+// Bit packing. b = 4: two codes per byte with vectors; other widths: 8 codes <-> b bytes with
+// BMI2 pext/pdep (AVX2 and later targets); b = 8: a copy. Tails go to the scalar reference, which
+// starts on a byte boundary because 8 codes fill exactly b bytes.
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+#define THC_HAVE_PEXT 1
+#else
+#define THC_HAVE_PEXT 0
+#endif
+
+HWY_INLINE uint64_t ByteMask(int bits) { return 0x0101010101010101ull * ((1u << bits) - 1u); }
+
+void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8_t* HWY_RESTRICT out) {
+  if (n == 0) return;
+  if (bits == 8) {
+    std::memcpy(out, codes, n);
+    return;
+  }
+  uint64_t i = 0;
+  if (bits == 4) {
+    const hn::ScalableTag<int16_t> d16;  // i16 -> u8 demotion (u16 -> u8 is not in Highway 1.0)
+    const hn::Rebind<uint8_t, decltype(d16)> d8;
+    const size_t N = hn::Lanes(d16);
+    const auto lo = hn::Set(d16, 0x000F), hi = hn::Set(d16, 0x00F0);
+    for (; i + 2 * N <= n; i += 2 * N) {
+      const auto v = hn::LoadU(d16, reinterpret_cast<const int16_t*>(codes + i));
+      const auto b = hn::Or(hn::And(v, lo), hn::And(hn::ShiftRight<4>(v), hi));  // 0..255
+      hn::StoreU(hn::DemoteTo(d8, b), d8, out + i / 2);
+    }
+  }
+#if THC_HAVE_PEXT
+  else {
+    const uint64_t mask = ByteMask(bits);
+    // 8 codes -> `bits` bytes, stored as a whole 8-byte word while that stays inside this call's
+    // full output bytes (the word's zero upper bytes are overwritten by the next groups).
+    const uint64_t full = n / 8 * static_cast<uint64_t>(bits);
+    for (; i + 8 <= n && i / 8 * bits + 8 <= full; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, codes + i, 8);
+      const uint64_t p = _pext_u64(w, mask);
+      std::memcpy(out + i / 8 * bits, &p, 8);
+    }
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, codes + i, 8);
+      const uint64_t p = _pext_u64(w, mask);
+      std::memcpy(out + i / 8 * bits, &p, static_cast<size_t>(bits));
+    }
+  }
+#endif
+  if (i < n) kern::pack_bits_scalar(codes + i, n - i, bits, out + i / 8 * bits);
+}
+
+void UnpackBitsImpl(const uint8_t* HWY_RESTRICT packed, uint64_t n, int bits, uint8_t* HWY_RESTRICT codes) {
+  if (n == 0) return;
+  if (bits == 8) {
+    std::memcpy(codes, packed, n);
+    return;
+  }
+  uint64_t i = 0;
+  if (bits == 4) {
+    const hn::ScalableTag<uint16_t> d16;
+    const hn::Rebind<uint8_t, decltype(d16)> d8;
+    const size_t N = hn::Lanes(d16);
+    const auto lo = hn::Set(d16, 0x000F), hi = hn::Set(d16, 0x0F00);
+    for (; i + 2 * N <= n; i += 2 * N) {
+      const auto b = hn::PromoteTo(d16, hn::LoadU(d8, packed + i / 2));
+      const auto v = hn::Or(hn::And(b, lo), hn::And(hn::ShiftLeft<4>(b), hi));
+      hn::StoreU(v, d16, reinterpret_cast<uint16_t*>(codes + i));
+    }
+  }
+#if THC_HAVE_PEXT
+  else {
+    const uint64_t mask = ByteMask(bits);
+    // Whole 8-byte loads while they stay inside the full input bytes (pdep ignores the rest).
+    const uint64_t full = n / 8 * static_cast<uint64_t>(bits);
+    for (; i + 8 <= n && i / 8 * bits + 8 <= full; i += 8) {
+      uint64_t p;
+      std::memcpy(&p, packed + i / 8 * bits, 8);
+      const uint64_t w = _pdep_u64(p, mask);
+      std::memcpy(codes + i, &w, 8);
+    }
+    for (; i + 8 <= n; i += 8) {
+      uint64_t p = 0;
+      std::memcpy(&p, packed + i / 8 * bits, static_cast<size_t>(bits));
+      const uint64_t w = _pdep_u64(p, mask);
+      std::memcpy(codes + i, &w, 8);
+    }
+  }
+#endif
+  if (i < n) kern::unpack_bits_scalar(packed + i / 8 * bits, n - i, bits, codes + i);
+}
+#undef THC_HAVE_PEXT
+
+#endif  // vector targets
+
+}  // namespace thc::codec::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace thc::codec::kern {
+
+static_assert(sizeof(elem::ThcCell) == 16 && offsetof(elem::ThcCell, lo_val) == 0 &&
+                  offsetof(elem::ThcCell, hi_val) == 4 && offsetof(elem::ThcCell, inv_span) == 8 &&
+                  offsetof(elem::ThcCell, lo_idx) == 12 && offsetof(elem::ThcCell, hi_idx) == 13,
+              "the SIMD THC rounding gathers ThcCell fields as 32-bit words 4k + {0, 1, 2, 3}");
+
+HWY_EXPORT(KernelTargetImpl);
+HWY_EXPORT(PrescaleSignsImpl);
+HWY_EXPORT(SignsPostscaleImpl);
+HWY_EXPORT(ThcQuantizeImpl);
+HWY_EXPORT(NatQuantizeImpl);
+HWY_EXPORT(ThcDequantImpl);
+HWY_EXPORT(NatDequantImpl);
+HWY_EXPORT(StoreValuesImpl);
+HWY_EXPORT(SumSquaresImpl);
+HWY_EXPORT(MaxAbsImpl);
+HWY_EXPORT(PackBitsImpl);
+HWY_EXPORT(UnpackBitsImpl);
+
+const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTargetImpl)(); }
+
+void prescale_signs(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                    uint64_t blk, float* work) {
+  HWY_DYNAMIC_DISPATCH(PrescaleSignsImpl)(x, elems, wire, e, shared, blk, work);
+}
+void signs_postscale(const float* work, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                     const float* sub, float* out) {
+  HWY_DYNAMIC_DISPATCH(SignsPostscaleImpl)(work, m, e, shared, blk, sub, out);
+}
+void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
+                  uint64_t blk, uint8_t* idx, int32_t* val) {
+  HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val);
+}
+void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
+                  uint64_t blk, uint8_t* idx, int32_t* val) {
+  HWY_DYNAMIC_DISPATCH(NatQuantizeImpl)(x, n, e, enc, levels, bits, own, blk, idx, val);
+}
+void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                 float* work) {
+  HWY_DYNAMIC_DISPATCH(ThcDequantImpl)(t, sums, off, n, half, step, f, work);
+}
+void nat_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                 float* out) {
+  HWY_DYNAMIC_DISPATCH(NatDequantImpl)(t, sums, off, n, f, e, sub, out);
+}
+void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
+  HWY_DYNAMIC_DISPATCH(StoreValuesImpl)(t, base, off, v, n);
+}
+double sum_squares(const float* x, uint64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
+float max_abs(const float* x, uint64_t n, bool* bad) { return HWY_DYNAMIC_DISPATCH(MaxAbsImpl)(x, n, bad); }
+void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(PackBitsImpl)(codes, n, bits, out);
+}
+void unpack_bits_simd(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(UnpackBitsImpl)(packed, n, bits, codes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar references: the per-element code of elem.h, element by element.
+
+namespace {
+// Sign bit (bit 31) of element j of block blk's RHT diagonal; r holds the draw of group j / 128.
+inline uint32_t sign_bit(const r123::Philox4x32::ctr_type& r, uint64_t j) {
+  return ((r.v[(j & 127) >> 5] >> (j & 31)) & 1u) << 31;
+}
+}  // namespace
+
+void prescale_signs_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                           uint64_t blk, float* work) {
+  for (uint64_t i = 0; i < elems; ++i) work[i] = elem::scale2(x[i], e);
+  for (uint64_t i = elems; i < wire; ++i) work[i] = 0.0f;
+  apply_signs_scalar(work, wire, shared, blk);
+}
+
+void signs_postscale_scalar(const float* work, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                            const float* sub, float* out) {
+  const auto key = rng::make_key(shared);
+  r123::Philox4x32::ctr_type r{};
+  for (uint64_t i = 0; i < m; ++i) {
+    if ((i & 127) == 0) r = rng::draw4(key, shared, rng::kPurposeSigns, blk, static_cast<uint32_t>(i / 128));
+    const float v = elem::scale2(elem::bits_float(elem::float_bits(work[i]) ^ sign_bit(r, i)), e);
+    out[i] = sub ? sub[i] - v : v;
+  }
+}
+
+void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
+                         uint64_t blk, uint8_t* idx, int32_t* val) {
+  const auto key = rng::make_key(own);
+  for (uint64_t i = 0; i < n; i += 4) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
+    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+      const float v = elem::thc_grid(work[i + k] * enc, tb.t, tb.g_over_2t, tb.gf);
+      uint8_t z;
+      int32_t q;
+      elem::thc_round(v, rng::to_unit(r.v[k]), tb.cells, tb.g, &z, &q);
+      if (idx) idx[i + k] = z;
+      if (val) val[i + k] = q;
+    }
+  }
+}
+
+void nat_quantize_scalar(const float* x, uint64_t n, int e, float enc, int levels, int bits,
+                         const rng::Stream& own, uint64_t blk, uint8_t* idx, int32_t* val) {
+  const auto key = rng::make_key(own);
+  for (uint64_t i = 0; i < n; i += 4) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
+    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+      const float a = x[i + k];
+      const float rr = elem::scale2(std::fabs(a), e) * enc;
+      uint8_t z;
+      int32_t q;
+      elem::nat_round(rr, a < 0, rng::to_unit(r.v[k]), levels, bits, &z, &q);
+      if (idx) idx[i + k] = z;
+      if (val) val[i + k] = q;
+    }
+  }
+}
+
+namespace {
+template <typename T>
+void thc_dequant_t(const T* s, uint64_t n, float half, float step, float f, float* w) {
+  for (uint64_t i = 0; i < n; ++i) w[i] = elem::thc_decode_sum(static_cast<float>(s[i]), half, step) * f;
+}
+template <typename T>
+void nat_dequant_t(const T* s, uint64_t n, float f, int e, const float* sub, float* out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = elem::scale2(static_cast<float>(s[i]) * f, e);
+    out[i] = sub ? sub[i] - v : v;
+  }
+}
+template <typename T>
+void store_t(void* base, uint64_t off, const int32_t* v, uint64_t n) {
+  T* p = static_cast<T*>(base) + off;
+  for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<T>(v[i]);
+}
+}  // namespace
+
+void thc_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                        float* work) {
+  switch (t) {
+    case IntType::kU8: return thc_dequant_t(static_cast<const uint8_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kU16: return thc_dequant_t(static_cast<const uint16_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kU32: return thc_dequant_t(static_cast<const uint32_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI8: return thc_dequant_t(static_cast<const int8_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI16: return thc_dequant_t(static_cast<const int16_t*>(sums) + off, n, half, step, f, work);
+    case IntType::kI32: return thc_dequant_t(static_cast<const int32_t*>(sums) + off, n, half, step, f, work);
+  }
+}
+
+void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                        float* out) {
+  switch (t) {
+    case IntType::kU8: return nat_dequant_t(static_cast<const uint8_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kU16: return nat_dequant_t(static_cast<const uint16_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kU32: return nat_dequant_t(static_cast<const uint32_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI8: return nat_dequant_t(static_cast<const int8_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI16: return nat_dequant_t(static_cast<const int16_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kI32: return nat_dequant_t(static_cast<const int32_t*>(sums) + off, n, f, e, sub, out);
+  }
+}
+
+void store_values_scalar(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
+  switch (t) {
+    case IntType::kU8: return store_t<uint8_t>(base, off, v, n);
+    case IntType::kU16: return store_t<uint16_t>(base, off, v, n);
+    case IntType::kU32: return store_t<uint32_t>(base, off, v, n);
+    case IntType::kI8: return store_t<int8_t>(base, off, v, n);
+    case IntType::kI16: return store_t<int16_t>(base, off, v, n);
+    case IntType::kI32: return store_t<int32_t>(base, off, v, n);
+  }
+}
+
+double sum_squares_scalar(const float* x, uint64_t n) {
+  double p[16] = {};
+  for (uint64_t i = 0; i < n; ++i) p[i & 15] += static_cast<double>(x[i]) * x[i];
+  for (int j = 0; j < 8; ++j) p[j] += p[j + 8];
+  for (int j = 0; j < 4; ++j) p[j] += p[j + 4];
+  for (int j = 0; j < 2; ++j) p[j] += p[j + 2];
+  return p[0] + p[1];
+}
+
+float max_abs_scalar(const float* x, uint64_t n, bool* bad) {
+  float mx = 0;
+  bool b = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    b |= !(a <= 3.402823466e38f);
+    mx = a > mx ? a : mx;
+  }
+  *bad = b;
+  return mx;
+}
+
+void pack_bits_scalar(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
+  if (n == 0) return;
+  if (bits == 8) {
+    std::memcpy(out, codes, n);
+    return;
+  }
+  const uint64_t nbytes = (n * bits + 7) / 8;
+  std::memset(out, 0, nbytes);
+  uint64_t acc = 0;
+  int nacc = 0;
+  uint64_t o = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    acc |= static_cast<uint64_t>(codes[i]) << nacc;
+    nacc += bits;
+    while (nacc >= 8) {
+      out[o++] = static_cast<uint8_t>(acc);
+      acc >>= 8;
+      nacc -= 8;
+    }
+  }
+  if (nacc > 0) out[o] = static_cast<uint8_t>(acc);
+}
+
+void unpack_bits_scalar(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
+  if (n == 0) return;
+  if (bits == 8) {
+    std::memcpy(codes, packed, n);
+    return;
+  }
+  const uint32_t mask = (1u << bits) - 1u;
+  uint64_t acc = 0;
+  int nacc = 0;
+  uint64_t in = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (nacc < bits) {
+      acc |= static_cast<uint64_t>(packed[in++]) << nacc;
+      nacc += 8;
+    }
+    codes[i] = static_cast<uint8_t>(acc & mask);
+    acc >>= bits;
+    nacc -= bits;
+  }
+}
+
+}  // namespace thc::codec::kern
+#endif  // HWY_ONCE

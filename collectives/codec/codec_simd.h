@@ -1,0 +1,109 @@
+// The codec's hot loops, private to collectives/codec. Each kernel has a Highway SIMD version
+// (dynamic dispatch: the best target this CPU supports) and a *_scalar reference, which is the
+// plain per-element code built on elem.h. Both give bit-identical results for the same inputs and
+// seeds (tests/collectives/codec/simd_test.cc checks every compiled target against the scalar
+// reference); the EMU128/SCALAR fallback targets simply call the reference.
+//
+// Floating-point contract: every kernel performs exactly the per-element operations of elem.h,
+// in the same order, with no fused multiply-add (the library is built with -std=c++17, under
+// which GCC does not contract a*b+c; do not build this file with -ffp-contract=fast).
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/codec/codec.h"
+#include "collectives/codec/philox.h"
+
+namespace thc::codec::kern {
+
+// THC rounding tables, per grid cell k = 0..g-1 (structure-of-arrays view of Codec::cells()).
+struct ThcTables {
+  const int32_t* lo_val;
+  const int32_t* hi_val;
+  const float* inv_span;
+  const int32_t* idx_pair;  // lo_idx | hi_idx << 8
+  const elem::ThcCell* cells;
+  int g;
+  float t, g_over_2t, gf;
+};
+
+// work[i] = D scale2(x[i], e) for i < elems, D (+0) for elems <= i < wire: the THC prescale with
+// the RHT's random signs (shared stream, block blk) folded in.
+void prescale_signs(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                    uint64_t blk, float* work);
+void prescale_signs_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                           uint64_t blk, float* work);
+
+// out[i] = scale2(D work[i], e) for i < m (sub == nullptr), or sub[i] - scale2(D work[i], e):
+// the end of THC decode (or of the residual), signs of the RHT of length `wire`.
+void signs_postscale(const float* work, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                     const float* sub, float* out);
+void signs_postscale_scalar(const float* work, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                            const float* sub, float* out);
+
+// The RHT of THC encode, fused: work = H (prescale_signs of x) over `wire` elements, i.e.
+// prescale_signs followed by fwht (rht.cc; the prescale runs inside the first FWHT pass).
+void rotate_forward(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                    uint64_t blk, float* work);
+void rotate_forward_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                           uint64_t blk, float* work);
+
+// The inverse RHT of THC decode, fused: fwht(work, wire) then signs_postscale(work, m, ...) into
+// out (rht.cc; the signs and postscale run inside the last FWHT pass). work is clobbered.
+void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
+                    const float* sub, float* out);
+void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
+                           uint64_t blk, const float* sub, float* out);
+
+// THC stochastic rounding of n (a multiple of 4) rotated values: y = work[i] * enc,
+// v = thc_grid(y), thc_round(v, u_i) with u_i the own-stream draw of element i of block blk.
+// Writes indices and/or values (either may be null).
+void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
+                  uint64_t blk, uint8_t* idx, int32_t* val);
+void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
+                         uint64_t blk, uint8_t* idx, int32_t* val);
+
+// Natural rounding of n elements: r = scale2(|x|, e) * enc, nat_round(r, x < 0, u_i, levels, bits).
+void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
+                  uint64_t blk, uint8_t* idx, int32_t* val);
+void nat_quantize_scalar(const float* x, uint64_t n, int e, float enc, int levels, int bits,
+                         const rng::Stream& own, uint64_t blk, uint8_t* idx, int32_t* val);
+
+// work[i] = thc_decode_sum(float(s_i), half, step) * f, s_i element off + i of typed sums.
+void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                 float* work);
+void thc_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
+                        float* work);
+
+// out[i] = scale2(float(s_i) * f, e), or sub[i] - that when sub != nullptr.
+void nat_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                 float* out);
+void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
+                        float* out);
+
+// Typed store of int32 values (static_cast to the type: two's-complement truncation).
+void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);
+void store_values_scalar(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);
+
+// Prelude statistics of one block. Sum of squares in double, in a fixed order that any vector
+// width reproduces: 16 partial sums (element i into partial i mod 16, in increasing i), then
+// combined pairwise: p[j] += p[j + 8], p[j] += p[j + 4], p[j] += p[j + 2], p[0] + p[1].
+double sum_squares(const float* x, uint64_t n);
+double sum_squares_scalar(const float* x, uint64_t n);
+// max |x[i]| ignoring NaN; *bad is set when some element is NaN or infinite.
+float max_abs(const float* x, uint64_t n, bool* bad);
+float max_abs_scalar(const float* x, uint64_t n, bool* bad);
+
+// pack_bits / unpack_bits (codes must be < 2^bits).
+void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);
+void pack_bits_scalar(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);
+void unpack_bits_simd(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes);
+void unpack_bits_scalar(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes);
+
+// The scalar reference of apply_signs (rht.cc) for tests.
+void apply_signs_scalar(float* x, uint64_t n, const rng::Stream& shared, uint64_t block);
+
+// Name of the target the codec kernels dispatch to.
+const char* kernel_target();
+
+}  // namespace thc::codec::kern

@@ -1,0 +1,212 @@
+// Philox4x32-10 on SIMD lanes (Highway), bit-identical to r123::Philox4x32 as used by philox.h:
+// lane j computes the counter whose c0 is (first group + j); c1..c3 and the key are those of
+// rng::make_ctr / rng::make_key, so the key and counter layout stay defined in philox.h only.
+//
+// Private to collectives/codec; included by files that use hwy/foreach_target.h (per-target
+// include guard, as Highway's own -inl.h headers).
+#if defined(THC_CODEC_PHILOX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef THC_CODEC_PHILOX_INL_H_
+#undef THC_CODEC_PHILOX_INL_H_
+#else
+#define THC_CODEC_PHILOX_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "collectives/codec/philox.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace thc::codec::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+
+// The constant parts of one (key, counter) family: everything but c0.
+struct PhiloxFamily {
+  uint32_t k0, k1;
+  uint32_t c1, c2, c3;
+  uint32_t ks0[10], ks1[10];  // key schedule: the key of each round
+};
+
+HWY_INLINE PhiloxFamily MakeFamily(const rng::Stream& s, uint32_t purpose, uint64_t block) {
+  const auto key = rng::make_key(s);
+  const auto ctr = rng::make_ctr(s, purpose, block, 0);
+  PhiloxFamily f{key.v[0], key.v[1], ctr.v[1], ctr.v[2], ctr.v[3], {}, {}};
+  for (int r = 0; r < 10; ++r) {  // the key bump between rounds (PHILOX_W32_0 / _1)
+    f.ks0[r] = f.k0 + static_cast<uint32_t>(r) * 0x9E3779B9u;
+    f.ks1[r] = f.k1 + static_cast<uint32_t>(r) * 0xBB67AE85u;
+  }
+  return f;
+}
+
+// hi and lo 32 bits of the 64-bit product a * m, per u32 lane (m the same in every lane).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void MulHiLo(D d, V a, V m, V* hi, V* lo) {
+  const hn::RepartitionToWide<D> dw;
+  const auto even = hn::MulEven(a, m);                                            // lanes 0, 2, ..
+  const auto odd = hn::MulEven(hn::BitCast(d, hn::ShiftRight<32>(hn::BitCast(dw, a))), m);  // 1, 3, ..
+  *lo = hn::OddEven(hn::BitCast(d, hn::ShiftLeft<32>(odd)), hn::BitCast(d, even));
+  *hi = hn::OddEven(hn::BitCast(d, odd), hn::BitCast(d, hn::ShiftRight<32>(even)));
+}
+
+// Philox4x32-10 of Lanes(d) counters (c0 + lane, c1, c2, c3) under one key; words out in x0..x3.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void Philox10(D d, const PhiloxFamily& f, uint32_t c0, V* x0, V* x1, V* x2, V* x3) {
+  const V m0 = hn::Set(d, 0xD2511F53u);
+  const V m1 = hn::Set(d, 0xCD9E8D57u);
+  V a = hn::Add(hn::Iota(d, 0), hn::Set(d, c0));
+  V b = hn::Set(d, f.c1);
+  V c = hn::Set(d, f.c2);
+  V e = hn::Set(d, f.c3);
+  uint32_t k0 = f.k0, k1 = f.k1;
+  for (int r = 0; r < 10; ++r) {
+    V hi0, lo0, hi1, lo1;
+    MulHiLo(d, a, m0, &hi0, &lo0);
+    MulHiLo(d, c, m1, &hi1, &lo1);
+    a = hn::Xor(hn::Xor(hi1, b), hn::Set(d, k0));
+    b = lo1;
+    c = hn::Xor(hn::Xor(hi0, e), hn::Set(d, k1));
+    e = lo0;
+    k0 += 0x9E3779B9u;  // the key bump between rounds (PHILOX_W32_0 / _1)
+    k1 += 0xBB67AE85u;
+  }
+  *x0 = a;
+  *x1 = b;
+  *x2 = c;
+  *x3 = e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Philox on 64-bit lanes: one counter per u64 lane, every 32-bit word in the low half of a lane
+// (high halves are don't-care: MulEven reads low halves only). A round is then two 32x32->64
+// multiplies, two dword swaps and two three-way XORs, with no even/odd recombination; K
+// independent counter vectors run side by side to hide the multiply latency.
+template <class D64, class V = hn::Vec<D64>>
+HWY_INLINE V MulLo32(D64 /*d64*/, V a, V m) {
+  const hn::Repartition<uint32_t, D64> d32;
+  return hn::MulEven(hn::BitCast(d32, a), hn::BitCast(d32, m));
+}
+template <class D64, class V = hn::Vec<D64>>
+HWY_INLINE V HiToLo(D64 d64, V p) {  // low dword := high dword of each lane
+  const hn::Repartition<uint32_t, D64> d32;
+  return hn::BitCast(d64, hn::Shuffle2301(hn::BitCast(d32, p)));
+}
+
+// One Philox round on one counter vector (state a, b, c, e; round keys k0, k1 in every dword).
+template <class D64, class V = hn::Vec<D64>>
+HWY_INLINE void PhiloxRoundQ(D64 d64, V& a, V& b, V& c, V& e, V m0, V m1, V k0, V k1) {
+  const V p0 = MulLo32(d64, a, m0);
+  const V p1 = MulLo32(d64, c, m1);
+  a = hn::Xor3(HiToLo(d64, p1), b, k0);
+  b = p1;
+  c = hn::Xor3(HiToLo(d64, p0), e, k1);
+  e = p0;
+}
+
+// Philox4x32-10 of two counter vectors side by side (c0 per lane in ctr0 / ctr1; c1..c3 and
+// the key schedule of f). Written out without arrays so that the state stays in registers.
+template <class D64, class V = hn::Vec<D64>>
+HWY_INLINE void Philox10Q2(D64 d64, const PhiloxFamily& f, V ctr0, V ctr1, V* x0, V* x1, V* x2, V* x3, V* y0,
+                           V* y1, V* y2, V* y3) {
+  const hn::Repartition<uint32_t, D64> d32;
+  const V m0 = hn::Set(d64, 0xD2511F53u);
+  const V m1 = hn::Set(d64, 0xCD9E8D57u);
+  V a = ctr0, b = hn::Set(d64, f.c1), c = hn::Set(d64, f.c2), e = hn::Set(d64, f.c3);
+  V a2 = ctr1, b2 = b, c2 = c, e2 = e;
+  HWY_UNROLL(10)
+  for (int r = 0; r < 10; ++r) {
+    const V k0 = hn::BitCast(d64, hn::Set(d32, f.ks0[r]));
+    const V k1 = hn::BitCast(d64, hn::Set(d32, f.ks1[r]));
+    PhiloxRoundQ(d64, a, b, c, e, m0, m1, k0, k1);
+    PhiloxRoundQ(d64, a2, b2, c2, e2, m0, m1, k0, k1);
+  }
+  *x0 = a;
+  *x1 = b;
+  *x2 = c;
+  *x3 = e;
+  *y0 = a2;
+  *y1 = b2;
+  *y2 = c2;
+  *y3 = e2;
+}
+
+// Philox results (low dwords of x0..x3) of the counters of one vector -> two u32 vectors in
+// element order, given the lane assignment of PhiloxElems4.
+template <class D32, class V = hn::Vec<hn::Repartition<uint64_t, D32>>>
+HWY_INLINE void PhiloxToElems(D32 d32, V x0, V x1, V x2, V x3, hn::Vec<D32>* lo, hn::Vec<D32>* hi) {
+  const hn::Repartition<uint64_t, D32> d64;
+  // (word0, word1) and (word2, word3) of each lane's counter as one 64-bit lane each.
+  const V a = hn::BitCast(d64, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x1)), hn::BitCast(d32, x0)));
+  const V b = hn::BitCast(d64, hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x3)), hn::BitCast(d32, x2)));
+  *lo = hn::BitCast(d32, hn::InterleaveLower(d64, a, b));
+  *hi = hn::BitCast(d32, hn::InterleaveUpper(d64, a, b));
+}
+
+// Counter pattern of PhiloxElems4: lane l -> (l >> 1) + (l & 1) N64 / 2.
+template <class D64>
+HWY_INLINE hn::Vec<D64> PhiloxLanePattern(D64 d64) {
+  const size_t N64 = hn::Lanes(d64);
+  const auto io = hn::Iota(d64, 0);
+  const auto one = hn::Set(d64, 1);
+  return hn::Add(hn::ShiftRight<1>(io), hn::IfThenElseZero(hn::Eq(hn::And(io, one), one), hn::Set(d64, N64 / 2)));
+}
+
+// Draws of 4 Lanes(d32) consecutive elements starting at element 4 g0 of the family, in
+// element order (element 4 g + j gets word j of group g, as draw4): r0 holds elements
+// 4 g0 .. 4 g0 + Lanes(d32) - 1, r1 the next Lanes(d32), and so on. Counter lanes are assigned
+// so that one 64-bit interleave per output vector puts the words in place: in counter vector k,
+// lane 2i holds group g0 + k N64 + i and lane 2i + 1 group g0 + k N64 + N64 / 2 + i
+// (N64 = Lanes(d32) / 2). pat = PhiloxLanePattern.
+template <class D32, class V32 = hn::Vec<D32>>
+HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repartition<uint64_t, D32>> pat,
+                             uint32_t g0, V32* r0, V32* r1, V32* r2, V32* r3) {
+  const hn::Repartition<uint64_t, D32> d64;
+  const size_t N64 = hn::Lanes(d64);
+  using V = hn::Vec<decltype(d64)>;
+  const V c0 = hn::Add(pat, hn::Set(d64, uint64_t{g0}));
+  const V c1 = hn::Add(pat, hn::Set(d64, uint64_t{g0} + N64));
+  V x0, x1, x2, x3, y0, y1, y2, y3;
+  Philox10Q2(d64, f, c0, c1, &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
+  PhiloxToElems(d32, x0, x1, x2, x3, r0, r1);
+  PhiloxToElems(d32, y0, y1, y2, y3, r2, r3);
+}
+
+// Words of groups [g0, g0 + Lanes(d)) in element order: out[4 j + k] = word k of group g0 + j
+// (4 Lanes(d) words), i.e. exactly what draw4 returns for those groups, concatenated.
+template <class D>
+HWY_INLINE void PhiloxGroups(D d, const PhiloxFamily& f, uint32_t g0, uint32_t* HWY_RESTRICT out) {
+  hn::Vec<D> x0, x1, x2, x3;
+  Philox10(d, f, g0, &x0, &x1, &x2, &x3);
+  hn::StoreInterleaved4(x0, x1, x2, x3, d, out);
+}
+
+// Sign bits (bit 31 set where the RHT flips the sign) of Lanes(d) elements starting at element
+// i of a run whose sign words are `words` (bit e & 31 of words[e >> 5] belongs to element e, the
+// RHT's order). Lanes(d) must divide 32 and i be a multiple of Lanes(d).
+template <class D>
+HWY_INLINE hn::Vec<D> SignBits(D d, const uint32_t* HWY_RESTRICT words, uint64_t i) {
+  const hn::Vec<D> w = hn::Set(d, words[i >> 5]);
+  const hn::Vec<D> sh = hn::Sub(hn::Set(d, static_cast<uint32_t>(31 - (i & 31))), hn::Iota(d, 0));
+  return hn::And(hn::Shl(w, sh), hn::Set(d, 0x80000000u));
+}
+
+constexpr size_t kMaxU32 = HWY_MAX_BYTES / 4;  // most u32 lanes of any vector of this target
+
+// Sign words of the RHT for the elements [base, base + 128 Lanes(du)) of a block, base a multiple
+// of 128: one Philox call covers 128 elements (4 words), Lanes(du) calls run side by side.
+template <class DU>
+HWY_INLINE void SignWords(DU du, const PhiloxFamily& fam, uint64_t base, uint32_t* HWY_RESTRICT words) {
+  PhiloxGroups(du, fam, static_cast<uint32_t>(base / 128), words);
+}
+
+// Scalar form of SignBits for element j of the run.
+HWY_INLINE uint32_t ScalarSignBit(const uint32_t* words, uint64_t j) {
+  return ((words[j >> 5] >> (j & 31)) & 1u) << 31;
+}
+#endif  // vector targets
+
+}  // namespace thc::codec::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard

@@ -1,0 +1,307 @@
+// Codec throughput on one core: memcpy, RHT, THC and Cnat encode/decode over 64 MB of float32
+// (16 Mi Gaussian elements), each as bytes of float32 input per second and as a ratio to memcpy.
+//
+//   codec_bench                       all benchmarks, then the summary table
+//   codec_bench --benchmark_filter=X  the usual Google Benchmark flags
+//   codec_bench --nmse                NMSE vs block size (THC b=4 g=30 p=1/32, 4 workers) instead
+//
+// Encode timings include the prelude (the per-block statistic), as the engine runs it; the MAX
+// across workers is left out (one worker). Decode timings include the inverse RHT.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/codec/codec.h"
+#include "collectives/codec/rht.h"
+
+namespace {
+
+using thc::codec::CallRng;
+using thc::codec::Codec;
+using thc::codec::Layout;
+using thc::codec::Params;
+using thc::codec::Scheme;
+
+constexpr uint64_t kCount = uint64_t{16} << 20;  // 64 MB of float32
+constexpr int kWorkers = 4;
+
+std::vector<float> gaussian(uint64_t n, uint32_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// |x| = exp(sigma * N(0,1)), random sign.
+std::vector<float> lognormal(uint64_t n, uint32_t seed, double sigma) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    const double m = std::exp(sigma * d(gen));
+    x = static_cast<float>((gen() & 1) ? -m : m);
+  }
+  return v;
+}
+
+const std::vector<float>& input() {
+  static const std::vector<float> x = gaussian(kCount, 1);
+  return x;
+}
+
+Params thc_params(int block_log2) {
+  Params p;
+  p.scheme = Scheme::kThc;
+  p.bits = 4;
+  p.granularity = 30;
+  p.p = 1.0 / 32;
+  p.block_log2 = block_log2;
+  return p;
+}
+
+Params cnat_params(int block_log2) {
+  Params p;
+  p.scheme = Scheme::kCnat;
+  p.block_log2 = block_log2;
+  return p;
+}
+
+void set_bytes(benchmark::State& state) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kCount * sizeof(float)));
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const auto& x = input();
+  std::vector<float> y(kCount, 1.0f);
+  for (auto _ : state) {
+    std::memcpy(y.data(), x.data(), kCount * sizeof(float));
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+// What encode does before quantising: copy a block into the work buffer, signs, FWHT.
+void BM_Rht(benchmark::State& state) {
+  const auto& x = input();
+  const uint64_t B = uint64_t{1} << state.range(0);
+  std::vector<float> work(B);
+  const thc::rng::Stream shared{7, thc::rng::kSharedStream, 0};
+  for (auto _ : state) {
+    for (uint64_t b = 0; b < kCount / B; ++b) {
+      std::memcpy(work.data(), x.data() + b * B, B * sizeof(float));
+      thc::codec::apply_signs(work.data(), B, shared, b);
+      thc::codec::fwht(work.data(), B);
+    }
+    benchmark::DoNotOptimize(work.data());
+  }
+  set_bytes(state);
+}
+
+// range(0): log2 block; range(1): 0 = index form (packed), 1 = value form.
+void encode_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const Layout l = c.layout(kCount);
+  std::vector<float> stats(l.nblocks);
+  std::vector<uint8_t> packed(c.packed_bytes(l.wire_count));
+  std::vector<uint8_t> values(l.wire_count * thc::codec::int_size(c.sum_type()));
+  Codec::EncodeOut out;
+  if (state.range(1) == 0) {
+    out.packed = packed.data();
+  } else {
+    out.values = values.data();
+  }
+  uint32_t round = 0;
+  for (auto _ : state) {
+    c.prelude(x.data(), kCount, stats.data());
+    c.encode(l, 0, l.nblocks, x.data(), stats.data(), CallRng{7, 0, round++}, out);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+void decode_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const Layout l = c.layout(kCount);
+  std::vector<float> stats(l.nblocks);
+  c.prelude(x.data(), kCount, stats.data());
+  const size_t w = thc::codec::int_size(c.sum_type());
+  std::vector<uint8_t> vals(l.wire_count * w), sums(l.wire_count * w);
+  std::vector<int64_t> total(l.wire_count, 0);
+  for (int r = 0; r < kWorkers; ++r) {
+    Codec::EncodeOut out;
+    out.values = vals.data();
+    c.encode(l, 0, l.nblocks, x.data(), stats.data(), CallRng{7, static_cast<uint32_t>(r), 0}, out);
+    for (uint64_t i = 0; i < l.wire_count; ++i) total[i] += thc::codec::load_int(c.sum_type(), vals.data(), i);
+  }
+  for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
+  std::vector<float> y(kCount);
+  for (auto _ : state) {
+    c.decode(l, 0, l.nblocks, sums.data(), stats.data(), CallRng{7, 0, 0}, kWorkers, true, y.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+void BM_ThcEncode(benchmark::State& state) { encode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
+void BM_ThcDecode(benchmark::State& state) { decode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
+void BM_CnatEncode(benchmark::State& state) { encode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
+void BM_CnatDecode(benchmark::State& state) { decode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
+
+void common(benchmark::internal::Benchmark* b) { b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0); }
+
+BENCHMARK(BM_Memcpy)->Apply(common);
+BENCHMARK(BM_Rht)->ArgName("log2B")->Arg(16)->Apply(common);
+BENCHMARK(BM_ThcEncode)
+    ->ArgNames({"log2B", "value"})
+    ->Args({16, 0})
+    ->Args({16, 1})
+    ->Args({10, 0})
+    ->Args({12, 0})
+    ->Args({14, 0})
+    ->Args({18, 0})
+    ->Args({20, 0})
+    ->Apply(common);
+BENCHMARK(BM_ThcDecode)->ArgName("log2B")->Arg(16)->Apply(common);
+BENCHMARK(BM_CnatEncode)->ArgNames({"log2B", "value"})->Args({16, 1})->Args({16, 0})->Apply(common);
+BENCHMARK(BM_CnatDecode)->ArgName("log2B")->Arg(16)->Apply(common);
+
+// Console output as usual, plus the bytes/s of every run for the summary table.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      const auto it = r.counters.find("bytes_per_second");
+      if (it == r.counters.end()) continue;
+      const std::string name = r.benchmark_name();
+      if (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median") continue;
+      if (r.run_type == Run::RT_Aggregate) {
+        // "X_median" replaces the per-repetition entries of X
+        const std::string base = name.substr(0, name.size() - std::string("_median").size());
+        rate_[base] = it->second.value;
+      } else if (!rate_.count(name)) {
+        order_.push_back(name);
+        rate_[name] = it->second.value;
+      } else {
+        rate_[name] = it->second.value;
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  void Summary() const {
+    double mem = 0;
+    for (const auto& n : order_)
+      if (n.rfind("BM_Memcpy", 0) == 0) mem = rate_.at(n);
+    std::printf("\n%-42s %8s %16s\n", "op", "GB/s", "ratio_to_memcpy");
+    for (const auto& n : order_) {
+      const double r = rate_.at(n);
+      std::printf("%-42s %8.3f %16.3f\n", n.c_str(), r / 1e9, mem > 0 ? r / mem : 0.0);
+    }
+  }
+
+ private:
+  std::vector<std::string> order_;
+  std::map<std::string, double> rate_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// NMSE of the decoded mean against the true mean of 4 workers: ||est - mean||^2 / ||mean||^2,
+// averaged over rounds, for each block size.
+double nmse_once(const Codec& c, const std::vector<std::vector<float>>& xs, uint32_t round) {
+  const uint64_t n = xs[0].size();
+  const Layout l = c.layout(n);
+  std::vector<float> stats(l.nblocks, 0.0f), s(l.nblocks);
+  for (const auto& x : xs) {
+    c.prelude(x.data(), n, s.data());
+    for (uint64_t b = 0; b < l.nblocks; ++b) stats[b] = std::max(stats[b], s[b]);
+  }
+  const size_t w = thc::codec::int_size(c.sum_type());
+  std::vector<uint8_t> vals(l.wire_count * w), sums(l.wire_count * w);
+  std::vector<int64_t> total(l.wire_count, 0);
+  for (size_t r = 0; r < xs.size(); ++r) {
+    Codec::EncodeOut out;
+    out.values = vals.data();
+    c.encode(l, 0, l.nblocks, xs[r].data(), stats.data(), CallRng{11, static_cast<uint32_t>(r), round}, out);
+    for (uint64_t i = 0; i < l.wire_count; ++i) total[i] += thc::codec::load_int(c.sum_type(), vals.data(), i);
+  }
+  for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
+  std::vector<float> est(n);
+  c.decode(l, 0, l.nblocks, sums.data(), stats.data(), CallRng{11, 0, round}, static_cast<int>(xs.size()), true,
+           est.data());
+  double err = 0, ref = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    double m = 0;
+    for (const auto& x : xs) m += x[i];
+    m /= static_cast<double>(xs.size());
+    err += (est[i] - m) * (est[i] - m);
+    ref += m * m;
+  }
+  return err / ref;
+}
+
+int run_nmse() {
+  const uint64_t n = uint64_t{1} << 22;  // 4 Mi per worker: at least 4 blocks of 2^20
+  const int rounds = 3;
+  struct Dist {
+    const char* name;
+    double sigma;  // 0 = Gaussian
+  };
+  const Dist dists[] = {{"gaussian", 0}, {"lognormal_s1", 1.0}, {"lognormal_s2", 2.0}};
+  std::printf("THC b=4 g=30 p=1/32, %d workers, %llu elements each, %d rounds\n", kWorkers,
+              static_cast<unsigned long long>(n), rounds);
+  {
+    const Codec c(thc_params(16), kWorkers);
+    std::printf("codec: %s\n", c.describe().c_str());
+  }
+  std::printf("%-8s", "log2B");
+  for (const auto& d : dists) std::printf(" %14s", d.name);
+  std::printf("\n");
+  std::vector<std::vector<std::vector<std::vector<float>>>> data;  // dist, round, worker
+  for (const auto& d : dists) {
+    data.emplace_back();
+    for (int r = 0; r < rounds; ++r) {
+      std::vector<std::vector<float>> xs;
+      for (int w = 0; w < kWorkers; ++w) {
+        const uint32_t seed = 1000u * static_cast<uint32_t>(r) + static_cast<uint32_t>(w) + 1;
+        xs.push_back(d.sigma == 0 ? gaussian(n, seed) : lognormal(n, seed, d.sigma));
+      }
+      data.back().push_back(std::move(xs));
+    }
+  }
+  for (int lb = 10; lb <= 20; ++lb) {
+    const Codec c(thc_params(lb), kWorkers);
+    std::printf("%-8d", lb);
+    for (size_t di = 0; di < data.size(); ++di) {
+      double s = 0;
+      for (int r = 0; r < rounds; ++r) s += nmse_once(c, data[di][r], static_cast<uint32_t>(r));
+      std::printf(" %14.6f", s / rounds);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--nmse") == 0) return run_nmse();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::printf("SIMD target: %s\n", thc::codec::simd_target());
+  SummaryReporter rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  rep.Summary();
+  benchmark::Shutdown();
+  return 0;
+}
