@@ -18,7 +18,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_GRANULARITY", kInt, granularity, "30", nullptr, "THC grid granularity g >= 2^b-1"),
       THC_KNOB("THC_P", kDouble, p, "1/32", nullptr, "THC truncation fraction p; t_p = Phi^-1(1-p/2)"),
       THC_KNOB("THC_UNIFORM", kInt, uniform, "0", nullptr, "1: thc_allreduce uses uniform THC (identity table, g = 2^b-1)"),
-      THC_KNOB("THC_BLOCK", kLong, block, "65536", nullptr, "RHT and prelude block size in elements (power of two, 1024..1048576)"),
+      THC_KNOB("THC_BLOCK", kLong, block, "16384", nullptr, "RHT and prelude block size in elements (power of two, 1024..1048576)"),
       THC_KNOB("THC_NAT_SCHEME", kEnum, nat_scheme, "cnat", "cnat=2|dnat=3", "scheme of cnat_allreduce: natural compression or natural dithering"),
       THC_KNOB("THC_NAT_WIDTH", kInt, nat_width, "16", nullptr, "Cnat/Dnat integer sum width in bits (8, 16, 32); sets the level window"),
       THC_KNOB("THC_NAT_LEVELS", kInt, nat_levels, "0", nullptr, "Cnat/Dnat power-of-two levels (0 = as many as the width allows)"),

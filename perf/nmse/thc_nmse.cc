@@ -519,7 +519,7 @@ int main(int argc, char** argv) {
   InputSpec in;
   int rounds = 1;
   std::string schemes_opt = "all", sweep, plot, p_text = "1/32";
-  long block = 65536;
+  long block = 16384;
   bool json = false;
 
   CLI::App app{
