@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "collectives/codec/codec.h"
+#include "collectives/engine/knobs.h"
 #include "cuda/nccl_api_internal.h"
 #include "cuda/thc_cuda.h"
 
@@ -86,12 +87,6 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-int log2_exact(long v) {
-  int l = 0;
-  while (l < 62 && (1L << l) < v) ++l;
-  return (1L << l) == v ? l : -1;
-}
-
 uint64_t mix(uint64_t h, uint64_t v) { return h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2)); }
 
 bool is_capturing(cudaStream_t s) {
@@ -141,18 +136,7 @@ struct thcNcclComm_s {
   cudaStream_t last_stream = nullptr;
   bool called = false;
 
-  thc::codec::Params params_for(Scheme s) const {
-    thc::codec::Params p;
-    p.scheme = s;
-    p.bits = cfg.bits;
-    p.granularity = cfg.granularity;
-    p.p = cfg.p;
-    p.block_log2 = log2_exact(cfg.block);
-    p.nat_width = cfg.nat_width;
-    p.nat_levels = cfg.nat_levels;
-    p.dnat_norm = cfg.dnat_norm;
-    return p;
-  }
+  thc::codec::Params params_for(Scheme s) const { return thc::engine::codec_params(cfg, s); }
 
   // Host codec and its device twin, built on first use (the current device is the comm's).
   std::pair<const Codec*, const tc::DeviceCodec*> codec_for(Scheme s) {
@@ -419,7 +403,7 @@ thcNcclComm_s* create(ncclComm_t nccl, const thc_config_t* cfg_in) {
   } else if (thc_config_init(&cfg) != THC_SUCCESS) {
     raise(ncclInvalidArgument, std::string("configuration: ") + thc_last_error());
   }
-  const int bl = log2_exact(cfg.block);
+  const int bl = thc::engine::log2_exact(cfg.block);
   if (bl < 10 || bl > 20)
     raise(ncclInvalidArgument, "THC_BLOCK=" + std::to_string(cfg.block) + " must be a power of two in 1024..1048576");
   std::unique_ptr<thcNcclComm_s, void (*)(thcNcclComm_s*)> c(new thcNcclComm_s, destroy);

@@ -9,12 +9,12 @@
 extern "C" thc_status_t thc_comm_create_aggregator(const char* url, int rank, int size, uint32_t job,
                                                    uint64_t token, const thc_config_t* cfg, thc_comm_t* comm) {
   std::unique_ptr<thc::transport::Reducer> r;
+  thc_config_t c;
   const thc_status_t st = thc::capi::guard("thc_comm_create_aggregator", [&] {
     if (!url) thc::fail(thc::Status::kInvalidArgument, "url is NULL");
     const std::string u(url);
     if (u.rfind("udp://", 0) != 0)
       thc::fail(thc::Status::kInvalidArgument, "unsupported aggregator url '" + u + "' (expected udp://HOST:PORT)");
-    thc_config_t c;
     if (cfg) {
       c = *cfg;
     } else {
@@ -40,5 +40,5 @@ extern "C" thc_status_t thc_comm_create_aggregator(const char* url, int rank, in
     r = thc::transport::make_udp_client(o);
   });
   if (st != THC_SUCCESS) return st;
-  return thc::capi::create_comm(std::move(r), cfg, comm);
+  return thc::capi::create_comm(std::move(r), &c, comm);  // the configuration read once, above
 }

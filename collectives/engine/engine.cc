@@ -1,4 +1,5 @@
 #include "collectives/engine/engine.h"
+#include "collectives/engine/knobs.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,12 +12,6 @@ namespace {
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   return h;
-}
-
-int log2_exact(long v) {
-  int l = 0;
-  while ((1L << l) < v) ++l;
-  return (1L << l) == v ? l : -1;
 }
 
 // Cnat re-compression of shard sums for the colocated PS downstream (bidirectional
@@ -84,18 +79,7 @@ Engine::Engine(std::unique_ptr<transport::Reducer> reducer, const thc_config_t& 
   seed_ = (static_cast<uint64_t>(w[1]) << 32) | w[0];
 }
 
-codec::Params Engine::params_for(codec::Scheme scheme) const {
-  codec::Params p;
-  p.scheme = scheme;
-  p.bits = cfg_.bits;
-  p.granularity = cfg_.granularity;
-  p.p = cfg_.p;
-  p.block_log2 = log2_exact(cfg_.block);
-  p.nat_width = cfg_.nat_width;
-  p.nat_levels = cfg_.nat_levels;
-  p.dnat_norm = cfg_.dnat_norm;
-  return p;
-}
+codec::Params Engine::params_for(codec::Scheme scheme) const { return codec_params(cfg_, scheme); }
 
 const codec::Codec& Engine::codec_for(codec::Scheme scheme) {
   auto it = codecs_.find(static_cast<int>(scheme));

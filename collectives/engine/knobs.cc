@@ -148,4 +148,23 @@ void config_from_env(thc_config_t* cfg) {
   }
 }
 
+int log2_exact(long v) {
+  int l = 0;
+  while (l < 62 && (1L << l) < v) ++l;
+  return (1L << l) == v ? l : -1;
+}
+
+codec::Params codec_params(const thc_config_t& cfg, codec::Scheme scheme) {
+  codec::Params p;
+  p.scheme = scheme;
+  p.bits = cfg.bits;
+  p.granularity = cfg.granularity;
+  p.p = cfg.p;
+  p.block_log2 = log2_exact(cfg.block);
+  p.nat_width = cfg.nat_width;
+  p.nat_levels = cfg.nat_levels;
+  p.dnat_norm = cfg.dnat_norm;
+  return p;
+}
+
 }  // namespace thc::engine

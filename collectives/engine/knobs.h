@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/codec/codec.h"
 #include "thc/thc.h"
 
 namespace thc::engine {
@@ -27,5 +28,11 @@ bool set_knob(const Knob& k, const char* value, thc_config_t* cfg, std::string* 
 std::string knob_value(const Knob& k, const thc_config_t& cfg);
 // Defaults then environment. Throws thc::Error(kInvalidArgument) on a malformed variable.
 void config_from_env(thc_config_t* cfg);
+
+// log2 of v when v is a power of two, else -1.
+int log2_exact(long v);
+// The codec parameters a configuration selects for a scheme (shared by the engine and the
+// NCCL-like API, so both build the same codec from the same thc_config_t).
+codec::Params codec_params(const thc_config_t& cfg, codec::Scheme scheme);
 
 }  // namespace thc::engine

@@ -160,6 +160,13 @@ def case_aggregator_live(ctx):
             out, _ = srv.communicate(timeout=30)
         check(srv.returncode == 0, f"thc-aggregator exited {srv.returncode}:\n{out}")
         check("packets" in out, f"thc-aggregator prints statistics at SIGTERM:\n{out}")
+        # The reductions really ran at the aggregator (not over MPI): it aggregated elements for
+        # the three jobs (one per thc_allreduce_perf run).
+        last = [l for l in out.splitlines() if "rx_packets=" in l]
+        check(last, f"no statistics line from thc-aggregator:\n{out}")
+        st = dict(kv.split("=", 1) for kv in last[-1].split() if "=" in kv)
+        check(int(st.get("elements", "0")) > 0 and int(st.get("jobs_created", "0")) >= 3,
+              f"thc-aggregator aggregated nothing: {last[-1]}")
 
 
 def case_errors(ctx):
