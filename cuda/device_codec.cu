@@ -70,6 +70,27 @@ __global__ void __launch_bounds__(kLookupThreads)
 
 __global__ void increment_kernel(uint32_t* counter) { *counter += 1; }
 
+constexpr unsigned kElemThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kElemThreads)
+    scale_store_kernel(const float* __restrict__ in, uint64_t n, float factor, T* __restrict__ out) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x)
+    out[i] = from_float<T>(factor * in[i]);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kElemThreads)
+    add_input_kernel(const T* __restrict__ x, const float* __restrict__ add, uint64_t n, float* __restrict__ out) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x)
+    out[i] = add ? to_float(x[i]) + add[i] : to_float(x[i]);
+}
+
+unsigned elem_grid(uint64_t n) {
+  const uint64_t want = (n + kElemThreads - 1) / kElemThreads;
+  return static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(want, 8ull * device_sms())));
+}
+
 }  // namespace
 
 int device_smem_optin() { return cached_attr(g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024); }
@@ -159,6 +180,36 @@ cudaError_t lookup_sum(const DeviceCodec& c, const uint8_t* packed, int nranks, 
         packed, nranks, shard_stride, chunks, d.bits, d.table, sums);                                      \
     break;
     THC_CUDA_FOR_EACH_SUMTYPE(THC_CASE)
+#undef THC_CASE
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t scale_store(const float* in, uint64_t n, float factor, void* out, InType ot, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = detail::elem_grid(n);
+  switch (ot) {
+#define THC_CASE(E, T)                                                                                     \
+  case E:                                                                                                  \
+    THC_LAUNCH(detail::scale_store_kernel<T>, grid, detail::kElemThreads, 0, stream)(                      \
+        in, n, factor, static_cast<T*>(out));                                                              \
+    break;
+    THC_CUDA_FOR_EACH_INTYPE(THC_CASE)
+#undef THC_CASE
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t add_input(const void* x, InType xt, const float* add, uint64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = detail::elem_grid(n);
+  switch (xt) {
+#define THC_CASE(E, T)                                                                                     \
+  case E:                                                                                                  \
+    THC_LAUNCH(detail::add_input_kernel<T>, grid, detail::kElemThreads, 0, stream)(                        \
+        static_cast<const T*>(x), add, n, out);                                                            \
+    break;
+    THC_CUDA_FOR_EACH_INTYPE(THC_CASE)
 #undef THC_CASE
   }
   return cudaGetLastError();

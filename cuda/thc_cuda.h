@@ -145,6 +145,11 @@ cudaError_t decode(void* d_temp_storage, size_t* temp_storage_bytes, const Devic
 cudaError_t lookup_sum(const DeviceCodec& c, const uint8_t* packed, int nranks,
                        size_t shard_stride, uint64_t shard_elems, void* sums, cudaStream_t stream);
 
+// out[i] = (ot) (factor * in[i]), i < n (partial aggregation: a mean scaled to a sum).
+cudaError_t scale_store(const float* in, uint64_t n, float factor, void* out, InType ot, cudaStream_t stream);
+// out[i] = (float) x[i] + add[i], i < n (add nullable: plain conversion).
+cudaError_t add_input(const void* x, InType xt, const float* add, uint64_t n, float* out, cudaStream_t stream);
+
 // One-time per-device kernel setup (shared-memory limits of the fused RHT kernels). Launches do
 // it on first use; call it before capturing launches in a CUDA graph. Not a stream operation.
 cudaError_t prepare_device();
@@ -152,4 +157,13 @@ cudaError_t prepare_device();
 // *counter += 1 on the stream (the call counter of the NCCL path).
 cudaError_t increment(uint32_t* counter, cudaStream_t stream);
 
+}  // namespace thc::cuda
+
+namespace thc::engine {
+class DeviceBackend;
+}
+namespace thc::cuda {
+// The device path of the engine (collectives/engine/device.h); libthc_cuda registers it when
+// loaded. Tests with the CPU emulator register it themselves.
+engine::DeviceBackend* engine_backend();
 }  // namespace thc::cuda

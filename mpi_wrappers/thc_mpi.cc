@@ -6,6 +6,7 @@
 #include <string>
 
 #include "collectives/capi/capi.h"
+#include "collectives/engine/device.h"
 #include "transport/mpi/mpi_reducer.h"
 
 namespace {
@@ -108,6 +109,12 @@ int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, siz
     if (count > static_cast<size_t>(INT_MAX)) {
       thc::capi::set_last_error("THC_Allreduce_x: exact fallback supports at most INT_MAX elements");
       return MPI_ERR_COUNT;
+    }
+    if (avg && thc::engine::is_device_buffer(recvbuf)) {
+      // (the division below runs on the host)
+      thc::capi::set_last_error("THC_Allreduce_x: THC_MPI_AVG of an uncompressed datatype on device buffers is not "
+                                "supported; use MPI_SUM and scale on the device");
+      return MPI_ERR_BUFFER;
     }
     int rc = PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm);
     if (rc == MPI_SUCCESS && avg) {

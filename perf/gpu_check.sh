@@ -8,7 +8,8 @@
 #   1. probes the dependencies and says exactly what is missing;
 #   2. configures (CUDA arch 90, Release, THC_BUILD_PERF=OFF) and builds only the GPU targets;
 #   3. runs the GPU tests (codec kernels against the host codec, the NCCL API on one rank);
-#   4. runs several MPI processes sharing the GPU (GPU codec + MPI integer sums), if mpirun exists;
+#   4. runs several MPI processes sharing the GPU through THC_Allreduce on device buffers (GPU codec,
+#      compressed integers staged through pinned host memory into MPI), if mpirun exists;
 #   5. times every kernel against a device-to-device copy of the same bytes (thc_gpu_bench, which
 #      first checks parity with the host codec, so it verifies even without GoogleTest);
 #   6. prints a short table last.
@@ -233,7 +234,8 @@ if [ $HWY_OK -eq 1 ]; then
   log "configure: cmake ${CMAKE_ARGS[*]}"
   if cmake -S "$ROOT" -B "$BUILD/b" "${CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
     AVAIL=$(ninja -C "$BUILD/b" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_.-]*\): .*/\1/p' | sort -u)
-    for t in thc_gpu_bench cuda_kernels_test cuda_nccl_test thc_gpu_mpi_check cuda_shared_test; do
+    for t in thc_gpu_bench cuda_kernels_test cuda_nccl_test cuda_engine_device_test thc_gpu_mpi_check \
+             cuda_mpi_device_test cuda_shared_test; do
       echo "$AVAIL" | grep -qx "$t" && TARGETS+=("$t")
     done
     if ! echo "$AVAIL" | grep -qx thc_cuda; then
@@ -268,7 +270,7 @@ B="$BUILD/b/tests/cuda"
 
 # ---- 3. GPU tests -----------------------------------------------------------------------------
 if [ $BUILT_OK -eq 1 ] && [ $HAVE_GTEST -eq 1 ]; then
-  for t in cuda_shared_test cuda_kernels_test cuda_nccl_test; do
+  for t in cuda_shared_test cuda_kernels_test cuda_nccl_test cuda_engine_device_test; do
     exe="$B/$t"
     [ -x "$exe" ] || continue
     timeout 200 "$exe" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
@@ -302,6 +304,18 @@ if [ $BUILT_OK -eq 1 ]; then
         step "mpi np=$NP $scheme" "FAILED" "rc=$rc ${line:-see mpi_$scheme.log}"
       fi
     done
+    # the device path's MPI tests (gtest): device buffers give the bits host buffers give
+    if [ -x "$B/cuda_mpi_device_test" ]; then
+      timeout 120 mpirun --oversubscribe -np 2 -x THC_SEED=4242 -x THC_BLOCK=1024 -x THC_CHUNK_BYTES=8192 \
+        "$B/cuda_mpi_device_test" --gtest_brief=1 > "$OUT/cuda_mpi_device_test.log" 2>&1
+      rc=$?
+      passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/cuda_mpi_device_test.log" | grep -oE '[0-9]+$' || echo 0)
+      if [ $rc -eq 0 ]; then
+        step "cuda_mpi_device_test np=2" "ok" "${passed:-0} passed"
+      else
+        step "cuda_mpi_device_test np=2" "FAILED" "rc=$rc (cuda_mpi_device_test.log)"
+      fi
+    fi
   else
     step "mpi" "skipped" "$(command -v mpirun >/dev/null || echo 'no mpirun; ')$( [ -x "$B/thc_gpu_mpi_check" ] || echo 'thc_gpu_mpi_check not built (no MPI at configure)')"
   fi

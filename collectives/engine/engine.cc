@@ -2,6 +2,7 @@
 #include "collectives/engine/knobs.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -111,34 +112,130 @@ Algo Engine::choose_algo(const codec::Codec& c) const {
   return (c.index_bits() + down < 2 * w) ? Algo::kPs : Algo::kInt;
 }
 
+CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean) {
+  CallPlan p;
+  p.scheme = scheme;
+  p.cod = &codec_for(scheme);
+  p.lay = p.cod->layout(count);
+  p.count = count;
+  p.dtype = dtype;
+  p.mean = mean;
+  p.algo = choose_algo(*p.cod);
+  p.rng = codec::CallRng{seed_, static_cast<uint32_t>(rank()), round_++};
+  p.table.bits = p.cod->index_bits();
+  p.table.values = p.cod->table();
+  if (p.algo == Algo::kPs && !p.cod->rotates() && cfg_.bidir)
+    p.down = std::make_unique<NatRecompress>(p.cod->sum_type(), p.rng);
+  uint64_t h = p.cod->digest();
+  h = mix(h, count);
+  h = mix(h, mean ? 1 : 0);
+  p.digest = h;
+  p.chunk_blocks = std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / p.lay.block);
+  return p;
+}
+
+void Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
+  const uint64_t nb = plan.lay.nblocks;
+  const uint64_t h = plan.digest;
+  pre[nb] = finite ? 0u : (1u << (rank() % 32));
+  pre[nb + 1] = static_cast<uint32_t>(h);
+  pre[nb + 2] = static_cast<uint32_t>(h >> 32);
+  pre[nb + 3] = ~static_cast<uint32_t>(h);
+  pre[nb + 4] = ~static_cast<uint32_t>(h >> 32);
+  reducer_->max_u32(pre, nb + kPreludeCheck);
+  if (pre[nb + 1] != ~pre[nb + 3] || pre[nb + 2] != ~pre[nb + 4])
+    fail(Status::kConfigMismatch, std::string("ranks disagree on the collective (scheme, table, block, width, count or op); "
+                                              "this rank: ") + plan.cod->describe() + " count=" + std::to_string(plan.count));
+  if (pre[nb] != 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "0x%08x", pre[nb]);
+    fail(Status::kNonFinite, std::string("input contains NaN or Inf (ranks mod 32 bitmap ") + buf +
+                                 "); nothing was reduced");
+  }
+}
+
+void Engine::account(const CallPlan& plan, uint64_t wire_total) {
+  const size_t wsz = codec::int_size(plan.cod->sum_type());
+  stats_.calls++;
+  stats_.elements += plan.count;
+  stats_.float_bytes += plan.count * 4;
+  stats_.last_algo = plan.algo;
+  if (plan.algo == Algo::kPs) {
+    stats_.wire_bytes_up += plan.cod->packed_bytes(wire_total);
+    stats_.wire_bytes_down += plan.down ? wire_total : wire_total * wsz;
+  } else {
+    stats_.wire_bytes_up += wire_total * wsz;
+    stats_.wire_bytes_down += wire_total * wsz;
+  }
+}
+
 void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count,
                        DType dtype, bool mean, ErrorFeedback* ef) {
   if (count == 0) return;
   if (!recv) fail(Status::kInvalidArgument, "allreduce: recvbuf is NULL");
   if (!send || send == THC_IN_PLACE) send = recv;
-  const codec::Codec& cod = codec_for(scheme);
-  const codec::Layout lay = cod.layout(count);
+
+  // Device buffers: the registered backend (libthc_cuda, or an emulator in tests) decides; a
+  // process without one is asked through its CUDA driver, and libthc_cuda is loaded on demand.
+  DeviceBackend* dev = device_backend(false);
+  bool on_device;
+  if (dev) {
+    on_device = dev->is_device(recv);
+    if (dev->is_device(send) != on_device)
+      fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
+  } else {
+    on_device = driver_says_device(recv) || driver_says_device(send);
+    if (on_device) {
+      dev = device_backend(true);
+      if (!dev)
+        fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded");
+      if (dev->is_device(send) != dev->is_device(recv))
+        fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
+    }
+  }
+  if (ef && ef->count != 0) {
+    if (ef->count != count)
+      fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +
+                                         ", used with count " + std::to_string(count));
+    if ((ef->device != nullptr) != on_device)
+      fail(Status::kInvalidArgument, std::string("error-feedback state was bound to ") +
+                                         (ef->device ? "device" : "host") + " buffers, used with " +
+                                         (on_device ? "device" : "host") + " buffers");
+  }
+  if (on_device && dtype == DType::kF64)
+    fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
+
+  const CallPlan p = plan(scheme, count, dtype, mean);
+  if (on_device) {
+    if (!device_) device_ = dev->open();
+    device_->allreduce(*this, p, send, recv, ef);
+  } else {
+    allreduce_host(p, send, recv, ef);
+  }
+}
+
+void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef) {
+  const codec::Codec& cod = *plan.cod;
+  const codec::Layout& lay = plan.lay;
+  const uint64_t count = plan.count;
+  const DType dtype = plan.dtype;
+  const bool mean = plan.mean;
   const uint64_t B = lay.block;
   const int n = size();
 
-  if (ef) {
-    if (ef->count == 0) {
-      ef->count = count;
-      ef->residual.assign(count, 0.0f);
-    } else if (ef->count != count) {
-      fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +
-                                         ", used with count " + std::to_string(count));
-    }
+  if (ef && ef->count == 0) {
+    ef->count = count;
+    ef->residual.assign(count, 0.0f);
   }
   const float* efr = ef ? ef->residual.data() : nullptr;
 
-  const uint64_t chunk_blocks = std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / B);
+  const uint64_t chunk_blocks = plan.chunk_blocks;
   const uint64_t chunk_elems = chunk_blocks * B;
   std::vector<float> xbuf(std::min<uint64_t>(chunk_elems, lay.nblocks * B));
 
   // ---- prelude: per-block statistics, a non-finite flag and a configuration digest, one MAX.
   const uint64_t nb = lay.nblocks;
-  std::vector<uint32_t> pre(nb + 5, 0);
+  std::vector<uint32_t> pre(nb + kPreludeCheck, 0);
   bool finite = true;
   for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
     const uint64_t first = b0 * B;
@@ -148,36 +245,13 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     finite &= cod.prelude(xbuf.data(), m, st.data());
     for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
   }
-  uint64_t h = cod.digest();
-  h = mix(h, count);
-  h = mix(h, mean ? 1 : 0);
-  pre[nb] = finite ? 0u : (1u << (rank() % 32));
-  pre[nb + 1] = static_cast<uint32_t>(h);
-  pre[nb + 2] = static_cast<uint32_t>(h >> 32);
-  pre[nb + 3] = ~static_cast<uint32_t>(h);
-  pre[nb + 4] = ~static_cast<uint32_t>(h >> 32);
-  reducer_->max_u32(pre.data(), pre.size());
-  if (pre[nb + 1] != ~pre[nb + 3] || pre[nb + 2] != ~pre[nb + 4])
-    fail(Status::kConfigMismatch, std::string("ranks disagree on the collective (scheme, table, block, width, count or op); "
-                                              "this rank: ") + cod.describe() + " count=" + std::to_string(count));
-  if (pre[nb] != 0) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "0x%08x", pre[nb]);
-    fail(Status::kNonFinite, std::string("input contains NaN or Inf (ranks mod 32 bitmap ") + buf +
-                                 "); nothing was reduced");
-  }
+  exchange_prelude(plan, pre.data(), finite);
   std::vector<float> stats(nb);
   for (uint64_t b = 0; b < nb; ++b) std::memcpy(&stats[b], &pre[b], 4);
 
-  const codec::CallRng rng{seed_, static_cast<uint32_t>(rank()), round_++};
-  const Algo algo = choose_algo(cod);
+  const codec::CallRng& rng = plan.rng;
+  const Algo algo = plan.algo;
   const size_t wsz = codec::int_size(cod.sum_type());
-  transport::LookupTable table;
-  table.bits = cod.index_bits();
-  table.values = cod.table();
-  const bool nat = !cod.rotates();
-  std::unique_ptr<NatRecompress> down;
-  if (algo == Algo::kPs && nat && cfg_.bidir) down = std::make_unique<NatRecompress>(cod.sum_type(), rng);
 
   struct Slot {
     std::vector<float> x;  // this chunk's input (grad + e), kept for a worker left out
@@ -242,7 +316,8 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     }
     wire_total += wire;
     if (algo == Algo::kPs) {
-      s.req = reducer_->start_lookup_sum(s.packed.data(), wire, table, s.sums.data(), cod.sum_type(), down.get());
+      s.req = reducer_->start_lookup_sum(s.packed.data(), wire, plan.table, s.sums.data(), cod.sum_type(),
+                                         plan.down.get());
     } else {
       s.req = reducer_->start_sum(s.sums.data(), wire, cod.sum_type());
     }
@@ -251,18 +326,7 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     cur ^= 1;
   }
   if (pending) finish(*pending);
-
-  stats_.calls++;
-  stats_.elements += count;
-  stats_.float_bytes += count * 4;
-  stats_.last_algo = algo;
-  if (algo == Algo::kPs) {
-    stats_.wire_bytes_up += cod.packed_bytes(wire_total);
-    stats_.wire_bytes_down += down ? wire_total : wire_total * wsz;
-  } else {
-    stats_.wire_bytes_up += wire_total * wsz;
-    stats_.wire_bytes_down += wire_total * wsz;
-  }
+  account(plan, wire_total);
 }
 
 }  // namespace thc::engine

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collectives/codec/codec.h"
+#include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
 #include "thc/thc.h"
 #include "transport/reducer.h"
@@ -16,16 +17,38 @@
 namespace thc::engine {
 
 // Error-feedback state of one tensor (THC Algorithm 3): x = grad + e; e <- x - own contribution.
+// Bound on first use to a count and to host or device memory: the residual lives beside the
+// buffers (a device residual belongs to the device session that allocated it).
 struct ErrorFeedback {
   std::vector<float> residual;
-  uint64_t count = 0;  // bound on first use
+  uint64_t count = 0;
+  std::shared_ptr<float> device;  // device residual of `count` floats (device buffers)
+  int device_id = -1;
   void reset() {
     residual.clear();
+    device.reset();
+    device_id = -1;
     count = 0;
   }
 };
 
 enum class Algo { kInt, kPs };
+
+// What one call needs beyond its buffers, shared by the host and device paths.
+struct CallPlan {
+  codec::Scheme scheme = codec::Scheme::kThc;
+  const codec::Codec* cod = nullptr;
+  codec::Layout lay;
+  uint64_t count = 0;
+  DType dtype = DType::kF32;
+  bool mean = false;
+  Algo algo = Algo::kInt;
+  codec::CallRng rng;
+  transport::LookupTable table;                        // index form
+  std::unique_ptr<transport::DownstreamCodec> down;    // index form + THC_BIDIR (nat schemes)
+  uint64_t digest = 0;                                  // scheme, table, count, op
+  uint64_t chunk_blocks = 1;                            // pipelining unit
+};
 
 struct EngineStats {
   uint64_t calls = 0;
@@ -51,6 +74,17 @@ class Engine {
   void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, DType dtype,
                  bool mean, ErrorFeedback* ef);
 
+  // The parts of allreduce the device path shares (device.h).
+  // A call's plan; advances the call counter that freshens the randomness.
+  CallPlan plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean);
+  // pre: plan.lay.nblocks statistics (float bits) followed by kPreludeCheck words that this
+  // fills; one MAX over all ranks, then the checks (throws kConfigMismatch / kNonFinite). After
+  // it, pre[0..nblocks) holds the global statistics.
+  static constexpr int kPreludeCheck = 5;
+  void exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite);
+  // Statistics of a finished call that moved wire_total elements.
+  void account(const CallPlan& plan, uint64_t wire_total);
+
   const codec::Codec& codec_for(codec::Scheme scheme);
   codec::Params params_for(codec::Scheme scheme) const;
   Algo choose_algo(const codec::Codec& c) const;
@@ -63,6 +97,9 @@ class Engine {
   uint32_t round_ = 0;
   std::map<int, std::unique_ptr<codec::Codec>> codecs_;
   EngineStats stats_;
+  std::unique_ptr<DeviceSession> device_;  // opened on the first call with device buffers
+
+  void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
 };
 
 }  // namespace thc::engine

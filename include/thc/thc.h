@@ -101,7 +101,11 @@ thc_status_t thc_state_create(thc_state_t* state);
 thc_status_t thc_state_destroy(thc_state_t state);
 thc_status_t thc_state_reset(thc_state_t state);
 
-/* THC (non-uniform; uniform if cfg.uniform). state may be NULL (no error feedback). */
+/* THC (non-uniform; uniform if cfg.uniform). state may be NULL (no error feedback).
+ * sendbuf/recvbuf may be host memory or CUDA device memory (float32, float16, bfloat16; needs
+ * libthc_cuda, loaded on demand): on device memory the codec runs on the GPU and the state's
+ * residual lives on that device. A state stays bound to the count, and to host or device
+ * memory, of its first call (thc_state_reset unbinds it). */
 thc_status_t thc_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype,
                            thc_op_t op, thc_comm_t comm, thc_state_t state);
 /* Cnat (or natural dithering if cfg.nat_scheme is THC_SCHEME_DNAT). */

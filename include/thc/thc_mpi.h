@@ -5,6 +5,12 @@
  * and double with op MPI_SUM or THC_MPI_AVG; any other datatype or op goes to the exact
  * PMPI_Allreduce untouched. The communicator's thc state is cached on the MPI_Comm (attribute),
  * created on first use (collectively) and freed with the communicator.
+ *
+ * Buffers may be CUDA device memory (float, half, bfloat16; both buffers on one device): the
+ * codec then runs on the GPU and only compressed integers pass through pinned host memory to
+ * MPI, so no CUDA-aware MPI is needed. As with a CUDA-aware MPI, work on other streams that
+ * writes sendbuf must be complete before the call; the call returns with recvbuf written.
+ * Ranks may mix host and device buffers in one call.
  */
 #ifndef THC_THC_MPI_H_
 #define THC_THC_MPI_H_

@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace thc_emu {
@@ -161,16 +163,55 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
 // ---- the runtime API subset ------------------------------------------------------------------
 extern "C" {
 
+// "Device" allocations are remembered so that cudaPointerGetAttributes can tell device memory
+// from host memory (the engine's device path asks).
+static std::mutex g_alloc_mu;
+static std::map<uintptr_t, size_t>& device_allocs() {
+  static auto* m = new std::map<uintptr_t, size_t>();
+  return *m;
+}
+
 cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  const size_t bytes = (n + 255) / 256 * 256 + 256;
+  *p = std::aligned_alloc(256, bytes);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  device_allocs()[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+  if (p) {
+    std::lock_guard<std::mutex> lk(g_alloc_mu);
+    device_allocs().erase(reinterpret_cast<uintptr_t>(p));
+  }
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** p, size_t n) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaMallocHost(void** p, size_t n) {
+  *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::memset(a, 0, sizeof *a);
+  a->type = cudaMemoryTypeUnregistered;
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lk(g_alloc_mu);
+  const auto& m = device_allocs();
+  auto it = m.upper_bound(u);
+  if (it != m.begin()) {
+    --it;
+    if (u < it->first + it->second) {
+      a->type = cudaMemoryTypeDevice;
+      a->device = 0;
+      a->devicePointer = const_cast<void*>(p);
+    }
+  }
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   if (n) std::memmove(d, s, n);
   return cudaSuccess;

@@ -1,0 +1,403 @@
+// Device buffers on the engine's path (collectives/engine/device.h): the C API, THC_Allreduce /
+// CNAT_Allreduce and the aggregator clients take CUDA device memory.
+//
+// A call runs the CUDA codec on the device and stages only compressed integers through pinned
+// host memory, where the engine's backend (MPI, parameter server, switch) reduces them:
+//
+//   stream:  prelude ─ D2H ──────────── H2D stats ─ encode 0 ─ D2H 0 ─ encode 1 ─ D2H 1 ─ H2D 0 ─ decode 0 ─ ...
+//   host:           wait ─ MAX (backend) ─┘              wait 0 ─ start 0 ┘    wait 1 ─ start 1, wait op 0 ┘
+//
+// Two slots pipeline the chunks as on the host path: the GPU encodes chunk k+1 while the
+// backend reduces chunk k. The prelude's statistics and check words use the host path's layout
+// and digest, so ranks with host buffers and ranks with device buffers can share a call.
+//
+// Built into libthc_cuda, which registers the backend when loaded, and into the CPU emulator's
+// test library (tests/cuda/emu), where "device memory" is what the emulator's cudaMalloc gave.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/codec/status.h"
+#include "collectives/engine/device.h"
+#include "collectives/engine/engine.h"
+#include "cuda/device_pointer.h"
+#include "cuda/thc_cuda.h"
+
+namespace thc::cuda {
+namespace {
+
+using engine::Algo;
+using engine::CallPlan;
+using engine::DType;
+
+#define THC_ENGINE_CUDA(expr)                                                                        \
+  do {                                                                                               \
+    const cudaError_t e_ = (expr);                                                                   \
+    if (e_ != cudaSuccess) {                                                                         \
+      cudaGetLastError();                                                                            \
+      ::thc::fail(e_ == cudaErrorMemoryAllocation ? ::thc::Status::kOutOfMemory : ::thc::Status::kInternal, \
+                  std::string(#expr) + ": " + cudaGetErrorString(e_));                               \
+    }                                                                                                \
+  } while (0)
+
+InType in_type(DType t) {
+  switch (t) {
+    case DType::kF32: return InType::kF32;
+    case DType::kF16: return InType::kF16;
+    case DType::kBF16: return InType::kBF16;
+    case DType::kF64: break;
+  }
+  fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
+}
+
+int device_of(const void* p) {
+  cudaPointerAttributes a{};
+  THC_ENGINE_CUDA(cudaPointerGetAttributes(&a, p));
+  return a.device;
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (dev != prev_) THC_ENGINE_CUDA(cudaSetDevice(dev));
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// A growable buffer of device or pinned host memory.
+template <bool Pinned>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    release();
+    const size_t want = std::max<size_t>(bytes, 256);
+    if (Pinned) {
+      THC_ENGINE_CUDA(cudaMallocHost(&p_, want));
+    } else {
+      THC_ENGINE_CUDA(cudaMalloc(&p_, want));
+    }
+    bytes_ = want;
+  }
+  template <class T = uint8_t>
+  T* get(size_t offset = 0) const {
+    return reinterpret_cast<T*>(static_cast<char*>(p_) + offset);
+  }
+
+ private:
+  void release() {
+    if (!p_) return;
+    if (Pinned) {
+      cudaFreeHost(p_);
+    } else {
+      cudaFree(p_);
+    }
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Everything one device needs; the engine's calls are serialised, so no locking here.
+struct PerDevice {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t staged[2] = {nullptr, nullptr};
+  std::map<const codec::Codec*, std::unique_ptr<DeviceCodec>> codecs;
+  Buffer<false> dev;  // prelude words, prelude temp, codec temp, per-slot wire data, partial-path scratch
+  Buffer<true> host;  // prelude words, per-slot wire data
+
+  explicit PerDevice(int d) : device(d) {
+    // A blocking stream: ordered after work on the legacy default stream, like cudaMemcpy.
+    THC_ENGINE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
+    for (cudaEvent_t& e : staged) THC_ENGINE_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    THC_ENGINE_CUDA(prepare_device());
+  }
+  ~PerDevice() {
+    DeviceGuard g(device);
+    cudaStreamSynchronize(stream);
+    codecs.clear();
+    for (cudaEvent_t e : staged) cudaEventDestroy(e);
+    cudaStreamDestroy(stream);
+  }
+  PerDevice(const PerDevice&) = delete;
+  PerDevice& operator=(const PerDevice&) = delete;
+
+  const DeviceCodec& codec_for(const codec::Codec& c) {
+    auto& slot = codecs[&c];
+    if (!slot) {
+      auto d = std::make_unique<DeviceCodec>();
+      THC_ENGINE_CUDA(d->init(c));
+      slot = std::move(d);
+    }
+    return *slot;
+  }
+};
+
+// Byte offsets of one call's buffers.
+struct Plan {
+  size_t d_pre = 0, d_pre_temp = 0, d_codec_temp = 0, d_wire[2] = {0, 0}, d_packed[2] = {0, 0},
+         d_saved_x[2] = {0, 0}, d_float = 0, d_total = 0;
+  size_t h_pre = 0, h_wire[2] = {0, 0}, h_packed[2] = {0, 0}, h_total = 0;
+  size_t pre_temp_bytes = 0, codec_temp_bytes = 0;
+};
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+class Session final : public engine::DeviceSession {
+ public:
+  void allreduce(engine::Engine& eng, const CallPlan& plan, const void* send, void* recv,
+                 engine::ErrorFeedback* ef) override;
+
+ private:
+  std::map<int, std::unique_ptr<PerDevice>> devices_;
+};
+
+void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* send, void* recv,
+                        engine::ErrorFeedback* ef) {
+  const InType it = in_type(plan.dtype);
+  const int device = device_of(recv);
+  if (device_of(send) != device) fail(Status::kInvalidArgument, "sendbuf and recvbuf are on different CUDA devices");
+  DeviceGuard guard(device);
+  auto& pd_slot = devices_[device];
+  if (!pd_slot) pd_slot = std::make_unique<PerDevice>(device);
+  PerDevice& pd = *pd_slot;
+  cudaStream_t stream = pd.stream;
+
+  const codec::Codec& cod = *plan.cod;
+  const DeviceCodec& dcod = pd.codec_for(cod);
+  const codec::Layout& lay = plan.lay;
+  const uint64_t B = lay.block;
+  const uint64_t nb = lay.nblocks;
+  const uint64_t cb = std::min(plan.chunk_blocks, nb);
+  const uint64_t count = plan.count;
+  const int n = eng.size();
+  const bool ps = plan.algo == Algo::kPs;
+  const codec::IntType st = cod.sum_type();
+  const size_t wsz = codec::int_size(st);
+  const size_t esz = in_size(it);
+  transport::Reducer& red = eng.reducer();
+  const bool partial = red.partial_results();
+
+  // Error feedback: a device residual beside the buffers, zeroed on first use.
+  float* efr = nullptr;
+  if (ef) {
+    if (!ef->device) {
+      float* p = nullptr;
+      THC_ENGINE_CUDA(cudaMalloc(&p, count * sizeof(float)));
+      ef->device = std::shared_ptr<float>(p, [device](float* q) {
+        DeviceGuard g(device);
+        cudaFree(q);
+      });
+      ef->device_id = device;
+      ef->count = count;
+      THC_ENGINE_CUDA(cudaMemsetAsync(p, 0, count * sizeof(float), stream));
+    } else if (ef->device_id != device) {
+      fail(Status::kInvalidArgument, "error-feedback state lives on CUDA device " + std::to_string(ef->device_id) +
+                                         ", the buffers on device " + std::to_string(device));
+    }
+    efr = ef->device.get();
+  }
+
+  // ---- buffers
+  Plan w;
+  const uint64_t wire_max = cb * B;
+  {
+    size_t d = 0, h = 0;
+    auto dt = [&](size_t bytes) {
+      const size_t at = d;
+      d = align256(d + std::max<size_t>(bytes, 1));
+      return at;
+    };
+    auto ht = [&](size_t bytes) {
+      const size_t at = h;
+      h = align256(h + std::max<size_t>(bytes, 1));
+      return at;
+    };
+    const size_t pre_bytes = (nb + engine::Engine::kPreludeCheck) * sizeof(uint32_t);
+    w.d_pre = dt(pre_bytes);
+    w.h_pre = ht(pre_bytes);
+    THC_ENGINE_CUDA(prelude(nullptr, &w.pre_temp_bytes, dcod, lay, nullptr, it, nullptr, nullptr, nullptr, 0, nullptr));
+    w.d_pre_temp = dt(w.pre_temp_bytes);
+    size_t eb = 0, db = 0;
+    THC_ENGINE_CUDA(encode(nullptr, &eb, dcod, lay, 0, cb, nullptr, it, nullptr, nullptr, Rng(), EncodeOut(), nullptr,
+                           nullptr));
+    THC_ENGINE_CUDA(decode(nullptr, &db, dcod, lay, 0, cb, nullptr, ValueLayout::kNative, nullptr, Rng(), 1, false,
+                           nullptr, it, nullptr, nullptr, nullptr));
+    w.codec_temp_bytes = std::max(eb, db);  // encode and decode run one after the other on the stream
+    w.d_codec_temp = dt(w.codec_temp_bytes);
+    for (int s = 0; s < 2; ++s) {
+      w.d_wire[s] = dt(wire_max * wsz);
+      w.h_wire[s] = ht(wire_max * wsz);
+      if (ps) {
+        w.d_packed[s] = dt(cod.packed_bytes(wire_max) + 8);
+        w.h_packed[s] = ht(cod.packed_bytes(wire_max) + 8);
+      }
+      if (partial && ef) w.d_saved_x[s] = dt(wire_max * sizeof(float));
+    }
+    if (partial) w.d_float = dt(wire_max * sizeof(float));
+    w.d_total = d;
+    w.h_total = h;
+  }
+  pd.dev.reserve(w.d_total);
+  pd.host.reserve(w.h_total);
+  char* const dbase = pd.dev.get<char>();
+  char* const hbase = pd.host.get<char>();
+
+  // ---- 1. prelude on the device, one MAX through the backend, statistics back to the device
+  uint32_t* d_pre = reinterpret_cast<uint32_t*>(dbase + w.d_pre);
+  uint32_t* h_pre = reinterpret_cast<uint32_t*>(hbase + w.h_pre);
+  float* d_stats = reinterpret_cast<float*>(d_pre);
+  size_t pre_temp = w.pre_temp_bytes;
+  THC_ENGINE_CUDA(prelude(dbase + w.d_pre_temp, &pre_temp, dcod, lay, send, it, efr, d_stats, d_pre + nb,
+                          plan.digest, stream));
+  THC_ENGINE_CUDA(cudaMemcpyAsync(h_pre, d_pre, (nb + kCheckWords) * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
+  THC_ENGINE_CUDA(cudaStreamSynchronize(stream));
+  static_assert(kCheckWords == engine::Engine::kPreludeCheck, "one layout of the prelude's check words");
+  eng.exchange_prelude(plan, h_pre, h_pre[nb] == 0);
+  THC_ENGINE_CUDA(cudaMemcpyAsync(d_stats, h_pre, nb * sizeof(float), cudaMemcpyHostToDevice, stream));
+
+  Rng rng;
+  rng.seed = plan.rng.seed;
+  rng.rank = plan.rng.rank;
+  rng.round = plan.rng.round;
+  size_t codec_temp = w.codec_temp_bytes;
+  void* const d_codec_temp = dbase + w.d_codec_temp;
+
+  // ---- 2./3. chunks: encode + D2H, backend, H2D + decode
+  struct Slot {
+    uint64_t b0 = 0, nblk = 0, wire = 0;
+    std::unique_ptr<transport::Request> req;
+  };
+  Slot slots[2];
+  auto chunk_wire = [&](uint64_t b0, uint64_t nblk) { return (nblk - 1) * B + lay.wire(b0 + nblk - 1); };
+
+  auto finish = [&](int si) {
+    Slot& s = slots[si];
+    s.req->wait();
+    int contrib = s.req->contributors();
+    if (contrib < 0) contrib = n;
+    const bool counted = s.req->self_counted();
+    s.req.reset();
+    const uint64_t first = s.b0 * B;
+    const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
+    void* d_sums = dbase + w.d_wire[si];
+    THC_ENGINE_CUDA(cudaMemcpyAsync(d_sums, hbase + w.h_wire[si], s.wire * wsz, cudaMemcpyHostToDevice, stream));
+    char* out = static_cast<char*>(recv) + first * esz;
+    if (contrib == n) {
+      THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, s.b0, s.nblk, d_sums, ValueLayout::kNative,
+                             d_stats + s.b0, rng, contrib, plan.mean, out, it, nullptr, nullptr, stream));
+    } else {
+      // Partial aggregation: the counted workers' mean, scaled to all n for SUM, rounded once.
+      float* tmp = reinterpret_cast<float*>(dbase + w.d_float);
+      THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, s.b0, s.nblk, d_sums, ValueLayout::kNative,
+                             d_stats + s.b0, rng, contrib, true, tmp, InType::kF32, nullptr, nullptr, stream));
+      THC_ENGINE_CUDA(scale_store(tmp, m, plan.mean ? 1.0f : static_cast<float>(n), out, it, stream));
+    }
+    if (ef && !counted) {
+      // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
+      THC_ENGINE_CUDA(cudaMemcpyAsync(efr + first, dbase + w.d_saved_x[si], m * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+  };
+
+  uint64_t wire_total = 0;
+  int pending = -1;
+  int cur = 0;
+  for (uint64_t b0 = 0; b0 < nb; b0 += cb) {
+    Slot& s = slots[cur];
+    s.b0 = b0;
+    s.nblk = std::min(cb, nb - b0);
+    s.wire = chunk_wire(b0, s.nblk);
+    const uint64_t first = b0 * B;
+    const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
+    const char* xs = static_cast<const char*>(send) + first * esz;
+    float* ef_c = efr ? efr + first : nullptr;
+    // A worker the aggregate may leave out keeps x = grad + e (saved before encode updates e;
+    // in place, decode overwrites grad).
+    if (ef && partial)
+      THC_ENGINE_CUDA(add_input(xs, it, ef_c, m, reinterpret_cast<float*>(dbase + w.d_saved_x[cur]), stream));
+    EncodeOut out;
+    out.residual = ef_c;
+    uint8_t* h_up;
+    size_t up_bytes;
+    if (ps) {
+      out.packed = reinterpret_cast<uint8_t*>(dbase + w.d_packed[cur]);
+      h_up = reinterpret_cast<uint8_t*>(hbase + w.h_packed[cur]);
+      up_bytes = cod.packed_bytes(s.wire);
+    } else {
+      out.values = dbase + w.d_wire[cur];
+      out.layout = ValueLayout::kNative;
+      h_up = reinterpret_cast<uint8_t*>(hbase + w.h_wire[cur]);
+      up_bytes = s.wire * wsz;
+    }
+    THC_ENGINE_CUDA(encode(d_codec_temp, &codec_temp, dcod, lay, b0, s.nblk, xs, it, ef_c, d_stats + b0, rng, out,
+                           nullptr, stream));
+    THC_ENGINE_CUDA(cudaMemcpyAsync(h_up, ps ? static_cast<void*>(out.packed) : out.values, up_bytes,
+                                    cudaMemcpyDeviceToHost, stream));
+    THC_ENGINE_CUDA(cudaEventRecord(pd.staged[cur], stream));
+    // The backend reduces the previous chunk while the GPU encodes this one.
+    if (pending >= 0) finish(pending);
+    THC_ENGINE_CUDA(cudaEventSynchronize(pd.staged[cur]));
+    if (ps) {
+      s.req = red.start_lookup_sum(h_up, s.wire, plan.table, hbase + w.h_wire[cur], st, plan.down.get());
+    } else {
+      s.req = red.start_sum(h_up, s.wire, st);
+    }
+    wire_total += s.wire;
+    pending = cur;
+    cur ^= 1;
+  }
+  if (pending >= 0) finish(pending);
+  THC_ENGINE_CUDA(cudaStreamSynchronize(stream));
+  eng.account(plan, wire_total);
+}
+
+class Backend final : public engine::DeviceBackend {
+ public:
+  bool is_device(const void* p) const override {
+#if defined(THC_CUDA_EMULATION)
+    // The emulator's cudaMalloc memory (host memory standing in for the device).
+    if (!p) return false;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) return false;
+    return a.type == cudaMemoryTypeDevice;
+#else
+    return thc_cuda_is_device_pointer(p) != 0;
+#endif
+  }
+  std::unique_ptr<engine::DeviceSession> open() override { return std::make_unique<Session>(); }
+};
+
+Backend g_backend;
+
+// Registers the backend while libthc_cuda is loaded.
+struct Registrar {
+  Registrar() { engine::set_device_backend(&g_backend); }
+  ~Registrar() {
+    if (engine::device_backend(false) == &g_backend) engine::set_device_backend(nullptr);
+  }
+} g_registrar;
+
+}  // namespace
+
+engine::DeviceBackend* engine_backend() { return &g_backend; }
+
+}  // namespace thc::cuda

@@ -1,0 +1,157 @@
+// Device buffers through the MPI path: THC_Allreduce / CNAT_Allreduce / thc_allreduce on an MPI
+// communicator with device memory give the same bits as with host memory (same seed: THC_SEED;
+// dyadic inputs make both preludes exact). Run under mpirun; built against the CPU emulator
+// (emu.) and against a real device (gpu.; skips without one, e.g. on one GPU shared by ranks
+// only when the device is missing).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/engine/device.h"
+#include "collectives/engine/dtype.h"
+#include "cuda/thc_cuda.h"
+#include "tests/cuda/gpu_test_util.h"
+#include "thc/thc_mpi.h"
+
+namespace {
+
+using namespace thc::cuda::test;
+
+int rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world() {
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+std::vector<float> dyadic(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-128, 128);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(gen)) / 64.0f;
+  return v;
+}
+
+class MpiDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int dev = 0;
+    const bool ok = have_device();
+    int all_ok = 0;
+    int mine = ok ? 1 : 0;
+    MPI_Allreduce(&mine, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok) GTEST_SKIP() << "no CUDA device";
+    int ndev = 1;
+    cudaGetDeviceCount(&ndev);
+    dev = rank() % ndev;
+    cudaSetDevice(dev);
+    thc::engine::set_device_backend(thc::cuda::engine_backend());
+    // fresh communicators: both start at call 0 with the same THC_SEED
+    MPI_Comm_dup(MPI_COMM_WORLD, &host_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &dev_);
+  }
+  void TearDown() override {
+    if (host_ != MPI_COMM_NULL) MPI_Comm_free(&host_);
+    if (dev_ != MPI_COMM_NULL) MPI_Comm_free(&dev_);
+  }
+  MPI_Comm host_ = MPI_COMM_NULL, dev_ = MPI_COMM_NULL;
+};
+
+using Call = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm);
+
+// One call on host buffers (comm host) and on device buffers (comm dev); the recv bytes.
+void both(Call f, const std::vector<uint8_t>& in, int count, MPI_Datatype dt, MPI_Op op, bool in_place, MPI_Comm host,
+          MPI_Comm dev, std::vector<uint8_t>* h_out, std::vector<uint8_t>* d_out) {
+  std::vector<uint8_t> hs = in, hr(in.size());
+  ASSERT_EQ(f(in_place ? MPI_IN_PLACE : hs.data(), in_place ? hs.data() : hr.data(), count, dt, op, host), MPI_SUCCESS)
+      << thc_last_error();
+  *h_out = in_place ? hs : hr;
+  DevBuf<uint8_t> ds(in), dr(in.size());
+  ASSERT_EQ(f(in_place ? MPI_IN_PLACE : ds.get(), in_place ? ds.get() : dr.get(), count, dt, op, dev), MPI_SUCCESS)
+      << thc_last_error();
+  *d_out = in_place ? ds.download() : dr.download();
+}
+
+TEST_F(MpiDeviceTest, ThcAllreduceFloat32) {
+  const int count = 9 * 1024 + 333;
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<float> x = dyadic(count, 100 * rank() + k);
+    std::vector<uint8_t> in(count * 4), h, d;
+    std::memcpy(in.data(), x.data(), in.size());
+    both(THC_Allreduce, in, count, MPI_FLOAT, MPI_SUM, false, host_, dev_, &h, &d);
+    EXPECT_EQ(h, d) << "call " << k;
+  }
+  thc_stats_t st;
+  ASSERT_EQ(THC_Comm_stats(dev_, &st), THC_SUCCESS);
+  EXPECT_EQ(st.calls, 2u);
+  EXPECT_EQ(st.elements, 2u * count);
+}
+
+TEST_F(MpiDeviceTest, CnatAverageFloat16InPlace) {
+  const int count = 5 * 1024 + 17;
+  const std::vector<float> x = dyadic(count, 7 + rank());
+  std::vector<uint8_t> in(count * 2), h, d;
+  thc::engine::store_from_float(x.data(), count, thc::engine::DType::kF16, in.data(), 0);
+  both(CNAT_Allreduce, in, count, THC_MPI_FLOAT16(), THC_MPI_AVG(), true, host_, dev_, &h, &d);
+  EXPECT_EQ(h, d);
+}
+
+TEST_F(MpiDeviceTest, ParameterServerWithErrorFeedback) {
+  thc_config_t cfg;
+  ASSERT_EQ(thc_config_init(&cfg), THC_SUCCESS);
+  cfg.algo = THC_ALGO_PS;
+  thc_comm_t ch, cd;
+  ASSERT_EQ(thc_comm_create_mpi(host_, &cfg, &ch), THC_SUCCESS);
+  ASSERT_EQ(thc_comm_create_mpi(dev_, &cfg, &cd), THC_SUCCESS);
+  thc_state_t sh, sd;
+  ASSERT_EQ(thc_state_create(&sh), THC_SUCCESS);
+  ASSERT_EQ(thc_state_create(&sd), THC_SUCCESS);
+  const size_t count = 6 * 1024 + 5;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> x = dyadic(count, 31 * rank() + k);
+    std::vector<float> hr(count);
+    ASSERT_EQ(thc_allreduce(x.data(), hr.data(), count, THC_FLOAT32, THC_OP_AVG, ch, sh), THC_SUCCESS) << thc_last_error();
+    DevBuf<float> ds(x), dr(count);
+    ASSERT_EQ(thc_allreduce(ds.get(), dr.get(), count, THC_FLOAT32, THC_OP_AVG, cd, sd), THC_SUCCESS) << thc_last_error();
+    const std::vector<float> got = dr.download();
+    EXPECT_EQ(std::memcmp(got.data(), hr.data(), count * 4), 0) << "call " << k;
+  }
+  thc_stats_t st;
+  ASSERT_EQ(thc_comm_stats(cd, &st), THC_SUCCESS);
+  EXPECT_EQ(st.last_algo, THC_ALGO_PS);
+  thc_state_destroy(sh);
+  thc_state_destroy(sd);
+  thc_comm_destroy(ch);
+  thc_comm_destroy(cd);
+}
+
+TEST_F(MpiDeviceTest, NonFiniteOnOneRankFailsEverywhere) {
+  const int count = 4096;
+  std::vector<float> x = dyadic(count, rank());
+  if (rank() == world() - 1) x[77] = std::numeric_limits<float>::infinity();
+  DevBuf<float> d(x);
+  const int rc = THC_Allreduce(MPI_IN_PLACE, d.get(), count, MPI_FLOAT, MPI_SUM, dev_);
+  EXPECT_EQ(rc, MPI_ERR_OTHER);
+  EXPECT_NE(std::string(thc_last_error()).find("NaN or Inf"), std::string::npos) << thc_last_error();
+  // and the communicator still works
+  DevBuf<float> y(dyadic(count, rank()));
+  EXPECT_EQ(THC_Allreduce(MPI_IN_PLACE, y.get(), count, MPI_FLOAT, MPI_SUM, dev_), MPI_SUCCESS) << thc_last_error();
+}
+
+TEST_F(MpiDeviceTest, ExactAverageOnDeviceIsRefused) {
+  DevBuf<int> d(64);
+  // int is not compressed: the exact path; its THC_MPI_AVG division would run on the host
+  EXPECT_EQ(THC_Allreduce(MPI_IN_PLACE, d.get(), 64, MPI_INT, THC_MPI_AVG(), dev_), MPI_ERR_BUFFER);
+  EXPECT_NE(std::string(thc_last_error()).find("device"), std::string::npos);
+}
+
+}  // namespace
