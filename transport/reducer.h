@@ -78,6 +78,9 @@ class Reducer {
   virtual bool prefers_index_form() const { return false; }
   // Whether a partial result (fewer contributors than size()) can happen.
   virtual bool partial_results() const { return false; }
+  // Whether start_lookup_sum applies a DownstreamCodec it is given (otherwise the sums come back
+  // at full width and the engine does not ask for one).
+  virtual bool applies_downstream() const { return false; }
 };
 
 // Add src into dst element-wise (helper for software backends).

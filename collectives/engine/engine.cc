@@ -88,7 +88,7 @@ const codec::Codec& Engine::codec_for(codec::Scheme scheme) {
   codec::Params p = params_for(scheme);
   const int n = size();
   const bool nat = scheme == codec::Scheme::kCnat || scheme == codec::Scheme::kDnat;
-  if (nat && cfg_.bidir && p.nat_levels == 0) {
+  if (nat && cfg_.bidir && reducer_->applies_downstream() && p.nat_levels == 0) {
     // Re-compression may round a shard sum up to the next power of two: keep one level of
     // headroom so 2 * n * 2^(L-1) still fits the sum type.
     codec::Codec probe(p, n);
@@ -108,7 +108,7 @@ Algo Engine::choose_algo(const codec::Codec& c) const {
   // PS moves (n-1)/n * (b + w') bits, w' = w or 8 with re-compression.
   const int w = static_cast<int>(codec::int_size(c.sum_type())) * 8;
   const bool nat = !c.rotates();
-  const int down = (nat && cfg_.bidir) ? 8 : w;
+  const int down = (nat && cfg_.bidir && reducer_->applies_downstream()) ? 8 : w;
   return (c.index_bits() + down < 2 * w) ? Algo::kPs : Algo::kInt;
 }
 
@@ -124,7 +124,7 @@ CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool me
   p.rng = codec::CallRng{seed_, static_cast<uint32_t>(rank()), round_++};
   p.table.bits = p.cod->index_bits();
   p.table.values = p.cod->table();
-  if (p.algo == Algo::kPs && !p.cod->rotates() && cfg_.bidir)
+  if (p.algo == Algo::kPs && !p.cod->rotates() && cfg_.bidir && reducer_->applies_downstream())
     p.down = std::make_unique<NatRecompress>(p.cod->sum_type(), p.rng);
   uint64_t h = p.cod->digest();
   h = mix(h, count);

@@ -121,6 +121,7 @@ class InprocReducer final : public Reducer {
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
   std::string name() const override { return "inproc"; }
+  bool applies_downstream() const override { return true; }
 
   void max_u32(uint32_t* data, size_t n) override {
     const uint64_t seq = seq_++;

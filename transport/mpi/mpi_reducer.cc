@@ -194,6 +194,7 @@ class MpiReducer final : public Reducer {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  bool applies_downstream() const override { return true; }
 
   void max_u32(uint32_t* data, size_t n) override {
     for (uint64_t off = 0; off < n; off += kMaxPiece) {
