@@ -13,6 +13,11 @@
 //                is MPI_Allreduce on MPI_DOUBLE of the same (typed) inputs
 //   algo         int | ps (what thc ran) or mpi (--scheme none)
 // instead of #wrong. Exits 1 when a check exceeds --nmse-bound.
+//
+// --device puts the buffers in CUDA device memory (rank r on device r mod #devices), as
+// nccl-tests do: thc then runs its codec on the GPU and stages only compressed integers through
+// host memory; --scheme none stages the floats (cudaMemcpy, MPI_Allreduce, cudaMemcpy), which is
+// what an MPI without CUDA support needs. Times include those copies.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -32,6 +37,12 @@
 
 #include "collectives/engine/dtype.h"
 #include "thc/thc_mpi.h"
+#if defined(THC_PERF_CUDA)
+#include <cuda_runtime.h>
+
+#include "collectives/engine/device.h"
+#include "cuda/thc_cuda.h"
+#endif
 
 
 namespace {
@@ -159,6 +170,7 @@ struct Options {
   std::string p, dnat_norm;
   long block = -1;
   bool ef = false;
+  bool device = false;
   uint64_t seed = 0;
   std::string json, aggregator;
   double nmse_bound = -1;
@@ -219,6 +231,8 @@ int main(int argc, char** argv) {
   app.add_option("--dnat-norm", o.dnat_norm, "natural dithering norm: 2 | inf")->check(CLI::IsMember({"2", "inf"}));
   app.add_option("--bidir", o.bidir, "1: the colocated PS re-compresses Cnat/Dnat sums downstream");
   app.add_flag("--ef", o.ef, "error feedback (one residual per size)");
+  app.add_flag("--device", o.device,
+               "buffers in CUDA device memory (codec on the GPU; --scheme none stages through host memory)");
   app.add_option("--seed", o.seed, "seed of the inputs and of thc's randomness (0: inputs 1, thc draws one)");
   app.add_option("--json", o.json, "write every row (and the configuration) to this JSON file");
   app.add_option("--nmse-bound", o.nmse_bound,
@@ -247,6 +261,18 @@ int main(int argc, char** argv) {
   if (o.factor < 1) die_all("-f must be at least 1");
   const TypeInfo ti = type_info(o.dtype);
   const bool none = o.scheme == "none";
+#if defined(THC_PERF_CUDA)
+  if (o.device) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) die_all("--device: no CUDA device");
+    if (cudaSetDevice(g_rank % ndev) != cudaSuccess) die("--device: cudaSetDevice failed");
+    if (ti.thc == THC_FLOAT64 && !none) die_all("--device: the GPU codec takes float, half and bfloat16");
+    // libthc_cuda registers its device path when loaded; naming it also serves static builds.
+    thc::engine::set_device_backend(thc::cuda::engine_backend());
+  }
+#else
+  if (o.device) die_all("--device: this build has no CUDA (configure with THC_WITH_CUDA)");
+#endif
   const bool avg = o.op == "avg";
   thc_scheme_t scheme = THC_SCHEME_THC;
   if (o.scheme == "uhc") scheme = THC_SCHEME_UHC;
@@ -326,6 +352,7 @@ int main(int argc, char** argv) {
       std::printf(" block: %ld ef: %d%s%s", cfg.block, o.ef ? 1 : 0,
                   o.aggregator.empty() ? "" : " aggregator: ", o.aggregator.c_str());
     }
+    std::printf(" buffers: %s", o.device ? "device" : "host");
     std::printf(" nmse bound: %g\n#\n# Using ranks\n", bound);
   }
   {
@@ -366,12 +393,42 @@ int main(int argc, char** argv) {
     thc_state_t state = nullptr;
     if (o.ef && !none && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
 
+    // --device: the same inputs in device memory; results come back to recv for the checks.
+    char* dsend = nullptr;
+    char* drecv = nullptr;
+    std::vector<char> stage;
+#if defined(THC_PERF_CUDA)
+    if (o.device) {
+      if (cudaMalloc(&dsend, bytes + 8) != cudaSuccess || cudaMalloc(&drecv, bytes + 8) != cudaSuccess)
+        die("--device: cudaMalloc of " + std::to_string(bytes) + " bytes failed");
+      if (cudaMemcpy(dsend, send.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) die("cudaMemcpy failed");
+      if (none) stage.resize(bytes + 8);
+    }
+#endif
+    auto copy = [&](void* dst, const void* src, size_t n, bool to_device) {
+#if defined(THC_PERF_CUDA)
+      if (cudaMemcpy(dst, src, n, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) != cudaSuccess)
+        die("cudaMemcpy failed");
+#else
+      (void)dst, (void)src, (void)n, (void)to_device;
+#endif
+    };
+
     auto run_once = [&]() {
       if (none) {
-        mpi_allreduce_big(send.data(), recv.data(), count, mdt, ti.size, mop);
+        // (on device buffers: staged through host memory, as an MPI without CUDA support needs)
+        char* s = send.data();
+        char* r = recv.data();
+        if (o.device) {
+          copy(stage.data(), dsend, bytes, false);
+          s = stage.data();
+        }
+        mpi_allreduce_big(s, r, count, mdt, ti.size, mop);
         if (avg)
-          for (size_t i = 0; i < count; ++i) store(recv.data(), ti.thc, i, load(recv.data(), ti.thc, i) / g_size);
-      } else if (thc_allreduce_scheme(scheme, send.data(), recv.data(), count, ti.thc, top, tc, state) != THC_SUCCESS) {
+          for (size_t i = 0; i < count; ++i) store(r, ti.thc, i, load(r, ti.thc, i) / g_size);
+        if (o.device) copy(drecv, r, bytes, true);
+      } else if (thc_allreduce_scheme(scheme, o.device ? dsend : send.data(), o.device ? drecv : recv.data(), count,
+                                      ti.thc, top, tc, state) != THC_SUCCESS) {
         die(std::string("thc_allreduce_scheme: ") + thc_last_error());
       }
     };
@@ -418,6 +475,7 @@ int main(int argc, char** argv) {
       std::swap(state, cstate);
       for (int c = 0; c < o.checks; ++c) {
         run_once();
+        if (o.device) copy(recv.data(), drecv, bytes, false);
         double err = 0, ref = 0;
         for (size_t i = 0; i < count; ++i) {
           const double d = load(recv.data(), ti.thc, i) - exact[i];
@@ -435,6 +493,10 @@ int main(int argc, char** argv) {
       if (cstate) thc_state_destroy(cstate);
     }
     if (state) thc_state_destroy(state);
+#if defined(THC_PERF_CUDA)
+    if (dsend) cudaFree(dsend);
+    if (drecv) cudaFree(drecv);
+#endif
     const bool bad = !(row.nmse <= bound);
     failed |= bad;
     rows.push_back(row);
@@ -463,7 +525,7 @@ int main(int argc, char** argv) {
       if (!f) die("cannot write --json file '" + o.json + "'");
       f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
         << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
-        << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
+        << "\",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
       if (!none)
         f << ",\n  \"config\": {\"bits\": " << cfg.bits << ", \"granularity\": " << cfg.granularity << ", \"p\": "
           << json_num(cfg.p) << ", \"block\": " << cfg.block << ", \"nat_width\": " << cfg.nat_width
