@@ -13,6 +13,7 @@ namespace {
 
 std::atomic<DeviceBackend*> g_backend{nullptr};
 std::once_flag g_load_once;
+std::string g_load_error;  // written once under g_load_once
 
 // libthc_cuda next to this library first (build trees, installs outside the loader's path),
 // then by soname through the loader's search path.
@@ -25,7 +26,9 @@ void try_load() {
     for (const char* name : {"/libthc_cuda.so.0", "/libthc_cuda.so"})
       if (dlopen((dir + name).c_str(), RTLD_NOW | RTLD_GLOBAL)) return;
   }
-  dlopen("libthc_cuda.so.0", RTLD_NOW | RTLD_GLOBAL);
+  if (dlopen("libthc_cuda.so.0", RTLD_NOW | RTLD_GLOBAL)) return;
+  const char* e = dlerror();
+  g_load_error = e ? e : "libthc_cuda.so.0 not found";
 }
 
 }  // namespace
@@ -37,6 +40,12 @@ DeviceBackend* device_backend(bool load) {
   if (b || !load) return b;
   std::call_once(g_load_once, try_load);
   return g_backend.load(std::memory_order_acquire);
+}
+
+std::string device_backend_load_error() {
+  if (g_backend.load(std::memory_order_acquire)) return {};
+  DeviceBackend* b = device_backend(true);  // (completes a load in progress)
+  return b ? std::string() : g_load_error;
 }
 
 bool driver_says_device(const void* p) { return thc_cuda_is_device_pointer(p) != 0; }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 namespace thc::engine {
 
@@ -40,6 +41,8 @@ void set_device_backend(DeviceBackend* backend);
 // The registered backend, or null. With load = true and none registered, tries once to load
 // libthc_cuda (which registers itself).
 DeviceBackend* device_backend(bool load);
+// Why loading libthc_cuda failed (the loader's message), empty if a backend is registered.
+std::string device_backend_load_error();
 
 // Whether the CUDA driver (if the process has loaded it) calls p device memory; false without
 // a driver. Cheap: it never initialises CUDA.

@@ -188,7 +188,8 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     if (on_device) {
       dev = device_backend(true);
       if (!dev)
-        fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded");
+        fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded: " +
+                                       device_backend_load_error());
       if (dev->is_device(send) != dev->is_device(recv))
         fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
     }
