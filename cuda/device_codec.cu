@@ -136,6 +136,9 @@ cudaError_t DeviceCodec::init(const codec::Codec& c) {
     THC_CUDA_TRY(cudaMalloc(&d_cells_, bytes));
     THC_CUDA_TRY(cudaMemcpy(d_cells_, c.cells().data(), bytes, cudaMemcpyHostToDevice));
   }
+  // cudaMemcpy from pageable memory may return before its DMA lands; kernels on non-blocking
+  // streams are not ordered after the default stream, so wait for the copies here.
+  THC_CUDA_TRY(cudaStreamSynchronize(0));
   d.cells = d_cells_;
   desc_ = d;
   return cudaSuccess;

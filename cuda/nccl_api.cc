@@ -557,6 +557,8 @@ ncclResult_t thcNcclEfCreate(size_t count, thcNcclEf_t* ef) {
     THC_CHECK_CUDA(cudaGetDevice(&e->device));
     THC_CHECK_CUDA(cudaMalloc(&e->d, std::max<size_t>(count, 1) * sizeof(float)));
     THC_CHECK_CUDA(cudaMemset(e->d, 0, std::max<size_t>(count, 1) * sizeof(float)));
+    // cudaMemset is asynchronous (default stream): finish it before a non-blocking stream reads ef
+    THC_CHECK_CUDA(cudaStreamSynchronize(0));
     *ef = e.release();
   });
 }
