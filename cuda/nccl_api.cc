@@ -249,6 +249,9 @@ bool in_type(ncclDataType_t dt, tc::InType* t) {
 void allreduce(thcNcclComm_s* c, const void* send, void* recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
                Scheme scheme, thcNcclEf_s* ef, cudaStream_t stream) {
   std::lock_guard<std::mutex> lk(c->mu);
+  // The comm's device (NCCL's rule): workspace, codecs and launches belong there even when the
+  // caller's current device is another one.
+  DeviceGuard dg(c->device);
   tc::InType it;
   if (count == 0) return;
   if (!recv) raise(ncclInvalidArgument, "recvbuff is NULL");
@@ -261,6 +264,10 @@ void allreduce(thcNcclComm_s* c, const void* send, void* recv, size_t count, ncc
   if (ef && ef->count != count)
     raise(ncclInvalidArgument, "error-feedback state was created for count " + std::to_string(ef->count) +
                                    ", used with count " + std::to_string(count));
+  if (!c->codecs.count(static_cast<int>(scheme)) && is_capturing(stream))
+    raise(ncclInvalidUsage, std::string("scheme ") + thc::codec::scheme_name(scheme) +
+                                " is first used while the stream is capturing a CUDA graph (its tables would be "
+                                "allocated inside the capture); call thcNcclCommReserve before capture");
   auto [cod, dcod] = c->codec_for(scheme);
   const Layout lay = cod->layout(count);
   const uint64_t B = lay.block;
