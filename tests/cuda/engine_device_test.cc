@@ -217,6 +217,26 @@ TEST_F(DevicePathTest, SameBitsAsHostBuffers) {
   }
 }
 
+TEST_F(DevicePathTest, EdgeCountsAndWorldSizes) {
+  // counts around the block (1024) and chunk (2 blocks) boundaries; odd world sizes
+  for (int ranks : {1, 2, 5, 8})
+    for (uint64_t count : {uint64_t{1}, uint64_t{63}, uint64_t{1023}, uint64_t{1025}, uint64_t{2048}, uint64_t{4097}}) {
+      const Case c{ranks % 2 ? Scheme::kCnat : Scheme::kThc, ranks == 5 ? THC_ALGO_PS : THC_ALGO_AUTO, DType::kF32,
+                   count, ranks};
+      SCOPED_TRACE(name(c));
+      expect_same(run_case(c, false, 1, false, false), run_case(c, true, 1, false, false), name(c));
+    }
+}
+
+TEST_F(DevicePathTest, CountZeroIsANoOp) {
+  const thc_config_t cfg = config(THC_ALGO_INT);
+  run_ranks(2, cfg, [&](int, Engine& e) {
+    DevBuf<float> x(16);
+    e.allreduce(Scheme::kThc, x.get(), x.get(), 0, DType::kF32, false, nullptr);
+    EXPECT_EQ(e.stats().calls, 0u);
+  });
+}
+
 TEST_F(DevicePathTest, InPlace) {
   const Case c{Scheme::kThc, THC_ALGO_INT, DType::kF32, 6 * 1024 + 1, 3};
   expect_same(run_case(c, false, 1, false, true), run_case(c, true, 1, false, true), "in place");
