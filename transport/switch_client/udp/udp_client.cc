@@ -105,8 +105,8 @@ struct TableEntry {
 
 struct UdpReducer::Impl {
   UdpClientOptions opt;
-  PeerAddr agg;
-  int fd = -1;
+  std::unique_ptr<DatagramChannel> ch;
+  PeerAddr agg;  // the fault injectors' tag for the aggregator (unused otherwise)
   uint64_t seed = 0;
   uint32_t S = 0;
   uint32_t W = 0;
@@ -133,12 +133,18 @@ struct UdpReducer::Impl {
   bool broken = false;
   Status broken_status = Status::kSuccess;
   std::string broken_msg;
-  int last_errno = 0;  // last send/recv failure (ECONNREFUSED: nobody at the aggregator port)
 
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(proto::kMaxPacketBytes + 1);
   std::vector<FaultInjector::Datagram> fbuf;
 
-  std::string where() const { return "udp client (rank " + std::to_string(opt.rank) + ", job " + std::to_string(opt.job_id) + ", " + agg.str() + ")"; }
+  std::string where() const {
+    return ch->kind() + " client (rank " + std::to_string(opt.rank) + ", job " + std::to_string(opt.job_id) + ", " +
+           ch->peer() + ")";
+  }
+  std::string last_error() const {
+    const std::string e = ch->last_error();
+    return e.empty() ? std::string() : " (last " + ch->kind() + " error: " + e + ")";
+  }
 
   [[noreturn]] void die(Status s, const std::string& msg) {
     if (!broken) {
@@ -154,11 +160,7 @@ struct UdpReducer::Impl {
 
   // ---- datagram I/O (through the fault injectors) ---------------------------------------------
 
-  void raw_send(const uint8_t* p, size_t n) {
-    const sys::SysResult r = THC_SYS(::send(fd, p, n, MSG_DONTWAIT));
-    // EAGAIN/ENOBUFS/ECONNREFUSED: the datagram is lost, retransmission recovers it.
-    if (!r.ok()) last_errno = r.err;
-  }
+  void raw_send(const uint8_t* p, size_t n) { ch->send(p, n); }
   void send_dgram(const uint8_t* p, size_t n) {
     st.packets_sent++;
     if (!tx_fault.active()) return raw_send(p, n);
@@ -180,13 +182,8 @@ struct UdpReducer::Impl {
   }
   void receive_all() {
     for (;;) {
-      const sys::SysResult r = THC_SYS(::recv(fd, rbuf.data(), rbuf.size(), MSG_DONTWAIT));
-      if (!r.ok()) {
-        if (!r.would_block()) last_errno = r.err;
-        if (r.would_block() || r.err == ECONNREFUSED) return;
-        return;
-      }
-      const size_t n = static_cast<size_t>(r.rc);
+      const size_t n = ch->recv(rbuf.data(), rbuf.size());
+      if (n == 0) return;
       if (rx_fault.active()) {
         std::vector<FaultInjector::Datagram> in;
         rx_fault.offer(rbuf.data(), n, agg, mono_us(), &in);
@@ -357,7 +354,7 @@ struct UdpReducer::Impl {
                           std::to_string(k.op->id) + ", slot " + std::to_string(k.seq % S) + ") after " +
                           std::to_string(k.sends) + " transmissions over " + std::to_string((now - k.first_send) / 1000) +
                           " ms; a worker of the job may have died or the aggregator is unreachable";
-        if (last_errno) why += std::string(" (last socket error: ") + std::strerror(last_errno) + ")";
+        why += last_error();
         die(Status::kTimeout, why);
       }
       const uint16_t flags = static_cast<uint16_t>(proto::load_be16(k.wire.data() + 6) | proto::kFlagRetransmit);
@@ -392,8 +389,7 @@ struct UdpReducer::Impl {
         if (!k.done) due = std::min(due, k.next_send);
       due = std::min(due, std::min(tx_fault.next_due(), rx_fault.next_due()));
       const int ms = due <= now ? 0 : static_cast<int>((due - now + 999) / 1000);
-      pollfd pfd{fd, POLLIN, 0};
-      (void)THC_SYS(::poll(&pfd, 1, ms));
+      ch->wait(ms);
     }
   }
 
@@ -425,8 +421,8 @@ struct UdpReducer::Impl {
         if (static_cast<double>(now - start) > max_wait_ms * 1000.0) {
           std::string why = where() + ": timeout: no reply to " + proto::msg_type_name(type) + " after " +
                             std::to_string(sends) + " transmissions over " + std::to_string((now - start) / 1000) +
-                            " ms; is thc-aggregator running at " + agg.str() + "?";
-          if (last_errno) why += std::string(" (last socket error: ") + std::strerror(last_errno) + ")";
+                            " ms; is thc-aggregator running at " + ch->peer() + "?";
+          why += last_error();
           die(Status::kTimeout, why);
         }
         send_dgram(pkt.data(), pkt.size());
@@ -442,8 +438,7 @@ struct UdpReducer::Impl {
       now = mono_us();
       const uint64_t due = std::min(next, std::min(tx_fault.next_due(), rx_fault.next_due()));
       const int ms = due <= now ? 0 : static_cast<int>(std::min<uint64_t>((due - now + 999) / 1000, 20));
-      pollfd pfd{fd, POLLIN, 0};
-      (void)THC_SYS(::poll(&pfd, 1, ms));
+      ch->wait(ms);
     }
   }
 
@@ -517,7 +512,7 @@ struct UdpReducer::Impl {
   }
 
   void leave() {
-    if (fd < 0 || broken) return;
+    if (!ch || broken) return;
     try {
       control(proto::MsgType::kLeave, {}, proto::MsgType::kLeaveAck, std::min(opt.max_wait_ms, 500.0));
     } catch (const Error&) {
@@ -563,7 +558,8 @@ class UdpRequest final : public Request {
 
 }  // namespace
 
-UdpReducer::UdpReducer(const UdpClientOptions& o) : impl_(std::make_unique<Impl>()) {
+UdpReducer::UdpReducer(const UdpClientOptions& o, std::unique_ptr<DatagramChannel> channel)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = o;
   UdpClientOptions& opt = m.opt;
@@ -581,35 +577,20 @@ UdpReducer::UdpReducer(const UdpClientOptions& o) : impl_(std::make_unique<Impl>
     if (!switch_offload::fault_options_from_env(&opt.fault, &bad))
       fail(Status::kInvalidArgument, "udp client: environment variable " + bad + " is malformed (probabilities 0..1, integers)");
   }
-  std::string host, err;
-  uint16_t port = 0;
-  if (!switch_offload::parse_udp_url(opt.address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
-  if (!switch_offload::resolve_udp(host, port, &m.agg, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
   m.all = opt.world >= 64 ? ~uint64_t{0} : (uint64_t{1} << opt.world) - 1;
   const uint64_t stream = static_cast<uint64_t>(opt.rank) * 2;
   m.tx_fault = FaultInjector(opt.fault, 1000 + stream);
   m.rx_fault = FaultInjector(opt.fault, 1001 + stream);
-  m.fd = switch_offload::open_udp_socket(m.agg, 4 << 20);
-  const sys::SysResult r = THC_SYS(::connect(m.fd, reinterpret_cast<const sockaddr*>(&m.agg.ss), m.agg.len));
-  if (!r.ok()) {
-    ::close(m.fd);
-    m.fd = -1;
-    r.fail(Status::kTransport);
-  }
-  try {
-    m.join();
-  } catch (...) {
-    ::close(m.fd);
-    m.fd = -1;
-    throw;
-  }
+  m.ch = channel ? std::move(channel) : make_udp_channel(opt.address);
+  m.join();
 }
 
 UdpReducer::~UdpReducer() {
   if (!impl_) return;
   impl_->leave();
-  if (impl_->fd >= 0) ::close(impl_->fd);
 }
+
+std::string UdpReducer::name() const { return impl_->ch->kind(); }
 
 int UdpReducer::rank() const { return impl_->opt.rank; }
 int UdpReducer::size() const { return impl_->opt.world; }
@@ -655,5 +636,57 @@ std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uin
 }
 
 std::unique_ptr<Reducer> make_udp_client(const UdpClientOptions& opt) { return std::make_unique<UdpReducer>(opt); }
+
+// ---- the UDP socket channel -----------------------------------------------------------------
+
+namespace {
+
+class UdpChannel final : public DatagramChannel {
+ public:
+  explicit UdpChannel(const std::string& address) {
+    std::string host, err;
+    uint16_t port = 0;
+    if (!switch_offload::parse_udp_url(address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    if (!switch_offload::resolve_udp(host, port, &agg_, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    fd_ = switch_offload::open_udp_socket(agg_, 4 << 20);
+    const sys::SysResult r = THC_SYS(::connect(fd_, reinterpret_cast<const sockaddr*>(&agg_.ss), agg_.len));
+    if (!r.ok()) {
+      ::close(fd_);
+      r.fail(Status::kTransport);
+    }
+  }
+  ~UdpChannel() override { ::close(fd_); }
+  void send(const uint8_t* p, size_t n) override {
+    const sys::SysResult r = THC_SYS(::send(fd_, p, n, MSG_DONTWAIT));
+    // EAGAIN/ENOBUFS/ECONNREFUSED: the datagram is lost, retransmission recovers it.
+    if (!r.ok()) err_ = r.err;
+  }
+  size_t recv(uint8_t* buf, size_t cap) override {
+    const sys::SysResult r = THC_SYS(::recv(fd_, buf, cap, MSG_DONTWAIT));
+    if (!r.ok()) {
+      if (!r.would_block()) err_ = r.err;  // e.g. ECONNREFUSED: nobody at the aggregator port
+      return 0;
+    }
+    return static_cast<size_t>(r.rc);  // (an empty datagram reads as "none": the parser would drop it anyway)
+  }
+  void wait(int timeout_ms) override {
+    pollfd pfd{fd_, POLLIN, 0};
+    (void)THC_SYS(::poll(&pfd, 1, timeout_ms));
+  }
+  std::string kind() const override { return "udp"; }
+  std::string peer() const override { return agg_.str(); }
+  std::string last_error() const override { return err_ ? std::strerror(err_) : std::string(); }
+
+ private:
+  PeerAddr agg_;
+  int fd_ = -1;
+  int err_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DatagramChannel> make_udp_channel(const std::string& address) {
+  return std::make_unique<UdpChannel>(address);
+}
 
 }  // namespace thc::transport

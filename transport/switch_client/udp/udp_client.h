@@ -19,6 +19,7 @@
 #include <string>
 
 #include "switch_offload/common/fault.h"
+#include "transport/switch_client/channel.h"
 #include "transport/reducer.h"
 
 namespace thc::transport {
@@ -53,14 +54,15 @@ struct UdpClientStats {
 
 class UdpReducer final : public Reducer {
  public:
-  // Joins the job (blocking, retransmitted; throws thc::Error on rejection or timeout).
-  explicit UdpReducer(const UdpClientOptions& opt);
+  // Joins the job (blocking, retransmitted; throws thc::Error on rejection or timeout). channel:
+  // how datagrams travel (null: a UDP socket to opt.address).
+  explicit UdpReducer(const UdpClientOptions& opt, std::unique_ptr<DatagramChannel> channel = nullptr);
   // Leaves the job (best effort, bounded wait).
   ~UdpReducer() override;
 
   int rank() const override;
   int size() const override;
-  std::string name() const override { return "udp"; }
+  std::string name() const override;  // the channel's kind
   void max_u32(uint32_t* data, size_t n) override;
   std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) override;
   std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,

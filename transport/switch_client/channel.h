@@ -1,0 +1,33 @@
+// How a switch client exchanges datagrams with its aggregator: a UDP socket (udp/), a DPDK port
+// (dpdk/). The client's protocol logic (windows, retransmission, partial aggregation) is the
+// same over every channel. One channel per client, driven from the client's calls only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace thc::transport {
+
+class DatagramChannel {
+ public:
+  virtual ~DatagramChannel() = default;
+  // Best effort: a datagram lost here is recovered by retransmission. Failures are remembered
+  // for last_error().
+  virtual void send(const uint8_t* p, size_t n) = 0;
+  // The next datagram from the aggregator, copied into buf (at most cap bytes): its length, or 0
+  // when none is waiting. Never blocks.
+  virtual size_t recv(uint8_t* buf, size_t cap) = 0;
+  // Sleep until a datagram may be waiting or timeout_ms passes (0: return at once).
+  virtual void wait(int timeout_ms) = 0;
+  virtual std::string kind() const = 0;  // "udp", "dpdk"
+  virtual std::string peer() const = 0;  // the aggregator, for messages
+  // The last send/receive failure ("" if none), e.g. "Connection refused".
+  virtual std::string last_error() const { return {}; }
+};
+
+// A connected, nonblocking UDP socket to "udp://HOST:PORT". Throws thc::Error.
+std::unique_ptr<DatagramChannel> make_udp_channel(const std::string& address);
+
+}  // namespace thc::transport
