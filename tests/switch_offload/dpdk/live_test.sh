@@ -7,7 +7,8 @@
 # contributed and every noise frame (thc_dpdk_noise) dropped under its reason.
 #
 # Cases: one worker lcore (shared tx queue, noise sent during the run); two worker lcores with
-# two concurrent jobs over three af_packet queue pairs; single-core mode (--workers 0).
+# two concurrent jobs over three af_packet queue pairs; single-core mode (--workers 0) polling
+# two rx queues (af_packet qpairs=2) with one tx queue.
 #
 #   live_test.sh THC_AGGREGATOR_DPDK THC_UDP_WORKER THC_WL_EXPECTED THC_DPDK_NOISE
 # Exit 0: pass; 77: skipped (not root, no network namespaces or veth); anything else: failure.
@@ -168,7 +169,7 @@ run_case() {
     for r in $(seq 0 $((WORLD - 1))); do
       files+=("$dir/out.$job.$r")
       logs+=("$dir/worker.$job.$r.log")
-      ip netns exec "$NSB" timeout -k 5 120 "$WORKER" "udp://$AGG_IP:$PORT" "$r" "$WORLD" "$job" "$COUNT" \
+      ip netns exec "$NSB" timeout -k 5 90 "$WORKER" "udp://$AGG_IP:$PORT" "$r" "$WORLD" "$job" "$COUNT" \
         "$dir/out.$job.$r" >"$dir/worker.$job.$r.log" 2>&1 &
       pids+=($!)
     done
@@ -181,7 +182,7 @@ run_case() {
 
   local i st bad=0
   for i in "${!pids[@]}"; do
-    wait_pid "${pids[$i]}" 150
+    wait_pid "${pids[$i]}" 100
     st=$WAIT_STATUS
     if [ "$st" != 0 ]; then
       echo "worker ${files[$i]##*/} exited with $st:"
@@ -273,5 +274,5 @@ C1=${C1:-$C0}
 
 run_case w1 "--lcores=0@$C0,1@$C1" 1 1 1 1
 run_case w2 "--lcores=0@$C0,1@$C1,2@$C1" 2 3 2 0
-run_case w0 "--lcores=0@$C0" 0 1 1 0
+run_case w0 "--lcores=0@$C0" 0 2 1 0
 echo "PASS"
