@@ -11,6 +11,8 @@ namespace thc::engine {
 
 #define THC_KNOB(env, kind, field, def, choices, help) \
   Knob { env, KnobKind::kind, offsetof(thc_config_t, field), def, choices, help }
+#define THC_KNOB_STR(env, field, def, help) \
+  Knob { env, KnobKind::kString, offsetof(thc_config_t, field), def, nullptr, help, sizeof(thc_config_t::field) }
 
 const std::vector<Knob>& knobs() {
   static const std::vector<Knob> table = {
@@ -38,6 +40,9 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_FAULT_REORDER", kDouble, fault_reorder, "0", nullptr, "aggregator client: packet reorder probability"),
       THC_KNOB("THC_FAULT_DELAY_US", kLong, fault_delay_us, "0", nullptr, "aggregator client: maximum injected delay in microseconds"),
       THC_KNOB("THC_QUORUM", kInt, quorum, "0", nullptr, "aggregator: workers needed to complete a slot after the timeout (0 = all)"),
+      THC_KNOB_STR("THC_DPDK_EAL", dpdk_eal, "", "dpdk:// aggregator client: DPDK EAL arguments (e.g. --no-huge -m 512 --no-pci --file-prefix=w0 --vdev=net_af_packet0,iface=eth1)"),
+      THC_KNOB_STR("THC_DPDK_LOCAL", dpdk_local, "", "dpdk:// aggregator client: this worker's IPv4 address[:UDP port] (no port: 40000 + rank); A.B.C.D+ = A.B.C.D + rank"),
+      THC_KNOB("THC_DPDK_PORT_ID", kInt, dpdk_port_id, "0", nullptr, "dpdk:// aggregator client: DPDK port id"),
   };
   return table;
 }
@@ -110,6 +115,13 @@ bool set_knob(const Knob& k, const char* value, thc_config_t* cfg, std::string* 
       }
       return bad((std::string("expected one of ") + k.choices).c_str());
     }
+    case KnobKind::kString: {
+      if (v.size() + 1 > k.capacity) return bad(("longer than " + std::to_string(k.capacity - 1) + " bytes").c_str());
+      char* dst = &field<char>(cfg, k.offset);
+      std::memset(dst, 0, k.capacity);
+      std::memcpy(dst, v.data(), v.size());
+      return true;
+    }
   }
   return false;
 }
@@ -121,6 +133,10 @@ std::string knob_value(const Knob& k, const thc_config_t& cfg) {
     case KnobKind::kLong: o << field<long>(cfg, k.offset); break;
     case KnobKind::kU64: o << field<uint64_t>(cfg, k.offset); break;
     case KnobKind::kDouble: o << field<double>(cfg, k.offset); break;
+    case KnobKind::kString: {
+      const char* p = &field<char>(cfg, k.offset);
+      return std::string(p, strnlen(p, k.capacity));
+    }
     case KnobKind::kEnum: {
       const int cur = field<int>(cfg, k.offset);
       std::stringstream ss(k.choices);

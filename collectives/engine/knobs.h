@@ -11,7 +11,7 @@
 
 namespace thc::engine {
 
-enum class KnobKind { kInt, kLong, kDouble, kU64, kEnum };
+enum class KnobKind { kInt, kLong, kDouble, kU64, kEnum, kString };
 
 struct Knob {
   const char* env;
@@ -20,6 +20,7 @@ struct Knob {
   const char* def;        // default, as the environment would spell it
   const char* choices;    // kEnum: "name=value|name=value"
   const char* help;
+  size_t capacity = 0;    // kString: bytes of the char array (value + NUL)
 };
 
 const std::vector<Knob>& knobs();

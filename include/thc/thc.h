@@ -70,6 +70,9 @@ typedef struct thc_config {
   double fault_reorder;  /* THC_FAULT_REORDER: reorder probability */
   long fault_delay_us;   /* THC_FAULT_DELAY_US: max injected delay */
   int quorum;            /* THC_QUORUM: aggregator quorum (0 = all workers) */
+  char dpdk_eal[512];    /* THC_DPDK_EAL: EAL arguments of a dpdk:// aggregator client */
+  char dpdk_local[64];   /* THC_DPDK_LOCAL: this worker's IPv4[:UDP port] on the DPDK port */
+  int dpdk_port_id;      /* THC_DPDK_PORT_ID: DPDK port of a dpdk:// aggregator client */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;

@@ -226,6 +226,37 @@ size_t build_arp_reply(const Local& local, const Mac& to_mac, uint32_t to_ip, ui
   return kArpReplyBytes;
 }
 
+size_t build_arp_request(const Local& local, uint32_t target_ip, uint8_t* out, size_t cap) {
+  if (cap < kArpReplyBytes) return 0;
+  std::memset(out, 0, kArpReplyBytes);
+  std::memset(out, 0xFF, 6);  // broadcast
+  std::memcpy(out + 6, local.mac.data(), 6);
+  put16(out + 12, kEtherArp);
+  uint8_t* a = out + kEthHeader;
+  put16(a, 1);
+  put16(a + 2, kEtherIpv4);
+  a[4] = 6;
+  a[5] = 4;
+  put16(a + 6, 1);  // request
+  std::memcpy(a + 8, local.mac.data(), 6);
+  put32(a + 14, local.ip);
+  // target hardware address stays zero
+  put32(a + 24, target_ip);
+  return kArpReplyBytes;
+}
+
+bool arp_reply_from(const uint8_t* frame, size_t len, const Local& local, uint32_t ip, Mac* mac) {
+  if (len < kEthHeader + kArpBody || be16(frame + 12) != kEtherArp) return false;
+  const uint8_t* a = frame + kEthHeader;
+  if (be16(a) != 1 || be16(a + 2) != kEtherIpv4 || a[4] != 6 || a[5] != 4 || be16(a + 6) != 2) return false;
+  if (be32(a + 14) != ip || be32(a + 24) != local.ip) return false;
+  Mac m;
+  std::memcpy(m.data(), a + 8, 6);
+  if (mac_is_multicast(m)) return false;
+  *mac = m;
+  return true;
+}
+
 size_t build_udp_frame(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port, const uint8_t* payload,
                        size_t len, uint8_t* out, size_t cap, bool udp_checksum_on) {
   if (len > 0xFFFF - kIpv4Header - kUdpHeader) return 0;

@@ -90,6 +90,11 @@ Classified accepted_udp(const uint8_t* frame, size_t len);
 // ARP reply from us to (to_mac, to_ip), padded to 60 bytes. Returns its length, 0 if cap is short.
 size_t build_arp_reply(const Local& local, const Mac& to_mac, uint32_t to_ip, uint8_t* out, size_t cap);
 
+// Broadcast ARP request from us for target_ip (a client resolving its aggregator), 60 bytes.
+size_t build_arp_request(const Local& local, uint32_t target_ip, uint8_t* out, size_t cap);
+// Whether frame is an ARP reply telling us (local.ip) the unicast MAC of `ip`; sets *mac.
+bool arp_reply_from(const uint8_t* frame, size_t len, const Local& local, uint32_t ip, Mac* mac);
+
 // Ethernet/IPv4/UDP frame from (local.mac, local.ip, local.port) to (dst_mac, dst_ip, dst_port):
 // IPv4 with DF, TTL 64, id 0, header checksum; UDP checksum computed, or 0 (none) if
 // udp_checksum is false. Returns the frame length (padded to 60), 0 if it does not fit in cap or

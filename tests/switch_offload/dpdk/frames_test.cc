@@ -158,6 +158,31 @@ TEST(DpdkFrames, ArpRequestGetsReplyBytes) {
   EXPECT_EQ(run(arp(1, kOurIp, kOurMac)).kind, FrameKind::kArpRequest);
 }
 
+TEST(DpdkFrames, ClientResolvesItsAggregator) {
+  // The client (peer) asks for our MAC; we answer; the client reads the answer.
+  Local client;
+  client.mac = kPeerMac;
+  client.ip = kPeerIp;
+  client.port = 40000;
+  uint8_t req[64];
+  ASSERT_EQ(build_arp_request(client, kOurIp, req, sizeof req), 60u);
+  const Classified c = classify(req, 60, us());
+  ASSERT_EQ(c.kind, FrameKind::kArpRequest);
+  EXPECT_EQ(c.peer_mac, kPeerMac);
+  EXPECT_EQ(c.peer_ip, kPeerIp);
+  uint8_t rep[64];
+  ASSERT_EQ(build_arp_reply(us(), c.peer_mac, c.peer_ip, rep, sizeof rep), 60u);
+  Mac got{};
+  ASSERT_TRUE(arp_reply_from(rep, 60, client, kOurIp, &got));
+  EXPECT_EQ(got, kOurMac);
+  EXPECT_FALSE(arp_reply_from(rep, 60, client, kOurIp + 1, &got)) << "a reply about another IP";
+  EXPECT_FALSE(arp_reply_from(req, 60, client, kOurIp, &got)) << "a request is not a reply";
+  EXPECT_FALSE(arp_reply_from(rep, 41, client, kOurIp, &got)) << "truncated";
+  Local other = client;
+  other.ip = kPeerIp + 1;
+  EXPECT_FALSE(arp_reply_from(rep, 60, other, kOurIp, &got)) << "a reply to someone else";
+}
+
 TEST(DpdkFrames, ArpOtherwiseIgnoredOrBad) {
   EXPECT_EQ(reason(arp(1, kOurIp + 1)), FrameDrop::kArpIgnored) << "request for another IP";
   EXPECT_EQ(reason(arp(2, kOurIp)), FrameDrop::kArpIgnored) << "a reply";

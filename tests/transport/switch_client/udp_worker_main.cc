@@ -1,17 +1,23 @@
 // thc_udp_worker: one rank of the workload (workload.h) through make_udp_client, as its own
 // process. Used by udp_client_test for the fork/exec runs; fault injection comes from the
-// THC_FAULT_* environment, like in any application.
+// THC_FAULT_* environment, like in any application. A dpdk://IPv4:PORT address (DPDK builds)
+// sends through a DPDK port instead, configured like the library's: THC_DPDK_EAL, THC_DPDK_LOCAL,
+// THC_DPDK_PORT_ID.
 //
 //   thc_udp_worker ADDRESS RANK WORLD JOB COUNT OUTFILE
 // Writes the result bytes to OUTFILE; exit 0 on success, 1 with the error on stderr otherwise.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "collectives/codec/status.h"
 #include "tests/transport/switch_client/workload.h"
 #include "transport/switch_client/udp/udp_client.h"
+#if defined(THC_WORKER_DPDK)
+#include "transport/switch_client/dpdk/dpdk_channel.h"
+#endif
 
 int main(int argc, char** argv) {
   if (argc != 7) {
@@ -29,7 +35,25 @@ int main(int argc, char** argv) {
   o.fault.seed = 1000 + static_cast<uint64_t>(o.rank);  // THC_FAULT_SEED overrides
   const uint64_t count = std::strtoull(argv[5], nullptr, 10);
   try {
-    auto red = thc::transport::make_udp_client(o);
+    std::unique_ptr<thc::transport::Reducer> red;
+    if (o.address.rfind("dpdk://", 0) == 0) {
+#if defined(THC_WORKER_DPDK)
+      thc::transport::DpdkChannelOptions d;
+      const char* eal = std::getenv("THC_DPDK_EAL");
+      const char* local = std::getenv("THC_DPDK_LOCAL");
+      const char* pid = std::getenv("THC_DPDK_PORT_ID");
+      d.eal_args = eal ? eal : "";
+      d.local = local ? local : "";
+      d.port_id = pid ? std::atoi(pid) : 0;
+      d.rank = o.rank;
+      red = std::make_unique<thc::transport::UdpReducer>(o, thc::transport::make_dpdk_channel(o.address, d));
+#else
+      std::fprintf(stderr, "thc_udp_worker: built without DPDK\n");
+      return 2;
+#endif
+    } else {
+      red = thc::transport::make_udp_client(o);
+    }
     const auto res = thc::test::wl_run(*red, count, 7);
     std::ofstream f(argv[6], std::ios::binary);
     f.write(reinterpret_cast<const char*>(res.bytes.data()), static_cast<std::streamsize>(res.bytes.size()));
