@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 
 #include "switch_offload/common/sys_check.h"
@@ -105,6 +106,15 @@ uint64_t mono_us() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
           .count());
+}
+
+std::string log_prefix(const char* tool) {
+  char buf[64];
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return std::string(tool) + " " + buf;
 }
 
 }  // namespace thc::switch_offload

@@ -30,4 +30,7 @@ int open_udp_socket(const PeerAddr& family_of, int buffer_bytes);
 // Microseconds on the monotonic clock.
 uint64_t mono_us();
 
+// "TOOL 2026-12-03T10:14:25": the start of the servers' log lines (local time).
+std::string log_prefix(const char* tool);
+
 }  // namespace thc::switch_offload

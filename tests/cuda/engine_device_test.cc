@@ -109,14 +109,6 @@ void run_ranks(int n, const thc_config_t& cfg, const std::function<void(int, Eng
   for (auto& t : ts) t.join();
 }
 
-// Dyadic inputs k/64, |k| <= 128: exact in f16 and bf16, exact sums of squares.
-std::vector<float> dyadic(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> d(-128, 128);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(d(gen)) / 64.0f;
-  return v;
-}
 
 // Inputs of one rank as bytes of dtype t.
 std::vector<uint8_t> as_bytes(const std::vector<float>& v, DType t) {

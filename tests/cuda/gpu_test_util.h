@@ -86,6 +86,16 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float scale = 1.0f) 
   return v;
 }
 
+// Dyadic inputs k/64, |k| <= 128: exact in f16 and bf16, and every sum of squares is exact in
+// double in any order, so host and device preludes agree bit for bit.
+inline std::vector<float> dyadic(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-128, 128);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(gen)) / 64.0f;
+  return v;
+}
+
 inline uint32_t fbits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

@@ -33,13 +33,6 @@ int world() {
   return n;
 }
 
-std::vector<float> dyadic(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> d(-128, 128);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(d(gen)) / 64.0f;
-  return v;
-}
 
 class MpiDeviceTest : public ::testing::Test {
  protected:

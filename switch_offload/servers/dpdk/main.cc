@@ -28,18 +28,12 @@
 #include <vector>
 
 #include "collectives/codec/status.h"
+#include "switch_offload/common/net.h"
 #include "switch_offload/servers/dpdk/dpdk_server.h"
 #include "switch_offload/servers/udp/udp_server.h"  // parse_bytes
 
 namespace {
-std::string line_prefix() {
-  char buf[64];
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return std::string("thc-aggregator-dpdk ") + buf;
-}
+std::string line_prefix() { return thc::switch_offload::log_prefix("thc-aggregator-dpdk"); }
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -15,17 +15,11 @@
 #include <string>
 
 #include "collectives/codec/status.h"
+#include "switch_offload/common/net.h"
 #include "switch_offload/servers/udp/udp_server.h"
 
 namespace {
-std::string line_prefix() {
-  char buf[64];
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return std::string("thc-aggregator ") + buf;
-}
+std::string line_prefix() { return thc::switch_offload::log_prefix("thc-aggregator"); }
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -29,71 +29,14 @@ AGG_IP=10.77.0.1
 PEER_IP=10.77.0.2
 PORT=4791
 
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-die() {
-  echo "FAIL: $*"
-  exit 1
-}
-
-[ "$(id -u)" = 0 ] || skip "not root: the test needs network namespaces and a veth pair"
-command -v ip >/dev/null 2>&1 || skip "no 'ip' command (iproute2)"
-command -v timeout >/dev/null 2>&1 || skip "no 'timeout' command (coreutils)"
+TAG=thcdpdk
+# shellcheck source=../../netns/veth_pair.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../netns/veth_pair.sh"
 for b in "$AGG" "$WORKER" "$EXPECTED" "$NOISE"; do
   [ -x "$b" ] || die "$b is not an executable"
 done
-
-ID=$$
-NSA=thcdpdk-a-$ID
-NSB=thcdpdk-b-$ID
-VA=thcva$ID  # interface names: at most 15 characters
-VB=thcvb$ID
-PREFIX=thcdpdk$ID
-TMP=$(mktemp -d /tmp/thc_dpdk_live.XXXXXX) || die "mktemp"
-AGG_PID=
-NS_MADE=0
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [ -n "$AGG_PID" ] && kill -0 "$AGG_PID" 2>/dev/null; then
-    kill -KILL "$AGG_PID" 2>/dev/null
-  fi
-  # Whatever is still running in our namespaces (a worker after a failure).
-  for ns in "$NSA" "$NSB"; do
-    if ip netns pids "$ns" >/dev/null 2>&1; then
-      for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    fi
-  done
-  wait 2>/dev/null
-  if [ "$NS_MADE" = 1 ]; then
-    ip netns del "$NSA" 2>/dev/null
-    ip netns del "$NSB" 2>/dev/null
-  fi
-  rm -rf /var/run/dpdk/"$PREFIX"* 2>/dev/null
-  rm -rf "$TMP"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-if ! ip netns add "$NSA" 2>"$TMP/err"; then
-  skip "ip netns add failed: $(cat "$TMP/err")"
-fi
-NS_MADE=1
-ip netns add "$NSB" 2>"$TMP/err" || skip "ip netns add failed: $(cat "$TMP/err")"
-ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB" 2>"$TMP/err" ||
-  skip "cannot create a veth pair: $(cat "$TMP/err")"
-for ns in "$NSA" "$NSB"; do
-  ip -n "$ns" link set lo up || die "lo up in $ns"
-  # No IPv6 chatter (router solicitations, MLD) on the link: less noise in the counters.
-  ip netns exec "$ns" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6' 2>/dev/null
-done
-ip -n "$NSA" link set "$VA" up || die "link up $VA"
+veth_pair_up
 ip -n "$NSB" addr add "$PEER_IP/24" dev "$VB" || die "address on $VB"
-ip -n "$NSB" link set "$VB" up || die "link up $VB"
 
 # A veth offloads UDP checksums: the sender's kernel leaves them unfilled (CHECKSUM_PARTIAL) and
 # af_packet hands such frames to DPDK as they are, so the aggregator would drop every datagram as
@@ -113,31 +56,6 @@ ELEMS_PER_RANK=$("$EXPECTED" "$WORLD" "$COUNT" "$EXP_FILE" | awk '/^elements_per
 [ -n "$ELEMS_PER_RANK" ] && [ -s "$EXP_FILE" ] || die "thc_wl_expected failed"
 AGG_MAC=$(ip -n "$NSA" link show "$VA" | awk '/link\/ether/ {print $2}')
 [ -n "$AGG_MAC" ] || die "cannot read the MAC of $VA"
-
-# stat LINE NAME: the value of NAME=... in a statistics line (0 when absent: zero drops are omitted).
-stat() {
-  local v
-  v=$(printf '%s\n' "$1" | grep -o " $2=[0-9]*" | head -n 1 | cut -d= -f2)
-  echo "${v:-0}"
-}
-
-# wait_pid PID SECONDS: wait for a child with a deadline (it is killed after it); its exit status
-# goes to WAIT_STATUS, 124 on timeout. (Not in a $(...) subshell: only the parent can wait.)
-WAIT_STATUS=
-wait_pid() {
-  local pid=$1 deadline=$((SECONDS + $2))
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      kill -KILL "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
-      WAIT_STATUS=124
-      return
-    fi
-    sleep 0.1
-  done
-  wait "$pid"
-  WAIT_STATUS=$?
-}
 
 # run_case NAME LCORE_ARG WORKERS QPAIRS JOBS NOISE(0|1)
 run_case() {

@@ -25,60 +25,13 @@ WORLD=3
 AGG_IP=10.78.0.1
 PORT=4791
 
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-die() {
-  echo "FAIL: $*"
-  exit 1
-}
-
-[ "$(id -u)" = 0 ] || skip "not root: the test needs network namespaces and a veth pair"
-command -v ip >/dev/null 2>&1 || skip "no 'ip' command (iproute2)"
+TAG=thccli
+# shellcheck source=../../netns/veth_pair.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../netns/veth_pair.sh"
 for b in "$AGG" "$AGG_DPDK" "$WORKER" "$EXPECTED"; do
   [ -x "$b" ] || die "$b is not an executable"
 done
-
-ID=$$
-NSA=thccli-a-$ID
-NSB=thccli-b-$ID
-VA=thcca$ID
-VB=thccb$ID
-TMP=$(mktemp -d /tmp/thc_dpdk_client.XXXXXX) || die "mktemp"
-AGG_PID=
-NS_MADE=0
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [ -n "$AGG_PID" ] && kill -0 "$AGG_PID" 2>/dev/null; then kill -KILL "$AGG_PID" 2>/dev/null; fi
-  for ns in "$NSA" "$NSB"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-  wait 2>/dev/null
-  if [ "$NS_MADE" = 1 ]; then
-    ip netns del "$NSA" 2>/dev/null
-    ip netns del "$NSB" 2>/dev/null
-  fi
-  rm -rf /var/run/dpdk/thccli"$ID"* 2>/dev/null
-  rm -rf "$TMP"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ip netns add "$NSA" 2>"$TMP/err" || skip "ip netns add failed: $(cat "$TMP/err")"
-NS_MADE=1
-ip netns add "$NSB" 2>"$TMP/err" || skip "ip netns add failed: $(cat "$TMP/err")"
-ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB" 2>"$TMP/err" ||
-  skip "cannot create a veth pair: $(cat "$TMP/err")"
-for ns in "$NSA" "$NSB"; do
-  ip -n "$ns" link set lo up || die "lo up in $ns"
-  ip netns exec "$ns" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6' 2>/dev/null
-done
-ip -n "$NSA" link set "$VA" up || die "link up $VA"
-ip -n "$NSB" link set "$VB" up || die "link up $VB"
+veth_pair_up
 # Checksum offloads leave UDP checksums unfilled on a veth, and af_packet hands such frames to
 # DPDK as they are; the DPDK ends verify checksums, so the offloads go off (ethtool is in the
 # project's dependencies).
@@ -89,27 +42,6 @@ ip netns exec "$NSB" ethtool -K "$VB" tx off rx off >/dev/null 2>&1 || die "etht
 EXP_FILE=$TMP/expected
 ELEMS_PER_RANK=$("$EXPECTED" "$WORLD" "$COUNT" "$EXP_FILE" | awk '/^elements_per_rank/ {print $2}')
 [ -n "$ELEMS_PER_RANK" ] && [ -s "$EXP_FILE" ] || die "thc_wl_expected failed"
-
-stat() {
-  local v
-  v=$(printf '%s\n' "$1" | grep -o " $2=[0-9]*" | head -n 1 | cut -d= -f2)
-  echo "${v:-0}"
-}
-WAIT_STATUS=
-wait_pid() {
-  local pid=$1 deadline=$((SECONDS + $2))
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      kill -KILL "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
-      WAIT_STATUS=124
-      return
-    fi
-    sleep 0.1
-  done
-  wait "$pid"
-  WAIT_STATUS=$?
-}
 
 CPU0=$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status | cut -d, -f1 | cut -d- -f1)
 
@@ -124,7 +56,7 @@ run_case() {
     ip netns exec "$NSA" "$AGG" --bind "$AGG_IP" --port "$PORT" --port-file "$dir/port" --stats-interval 0 --seed 42 \
       >"$dir/agg.log" 2>&1 &
   else
-    ip netns exec "$NSA" "$AGG_DPDK" --no-huge -m 256 --no-pci --file-prefix="thccli${ID}agg" "--lcores=0@$CPU0" \
+    ip netns exec "$NSA" "$AGG_DPDK" --no-huge -m 256 --no-pci --file-prefix="${PREFIX}agg" "--lcores=0@$CPU0" \
       --vdev="net_af_packet0,iface=$VA" -- --ip "$AGG_IP" --port "$PORT" --workers 0 --port-file "$dir/port" \
       --stats-interval 0 --seed 42 >"$dir/agg.log" 2>&1 &
   fi
