@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
   app.add_option("--nmse-bound", o.nmse_bound,
                  "fail (exit 1) when a check's NMSE exceeds this (default 0.1 compressed; none: 1e-10 float, "
                  "1e-24 double, 1e-5 half, 1e-3 bfloat16)");
-  app.add_option("--aggregator", o.aggregator, "udp://HOST:PORT: reduce thc codes at a thc-aggregator instead of MPI");
+  app.add_option("--aggregator", o.aggregator, "udp://HOST:PORT (or dpdk://IPv4:PORT with the THC_DPDK_* knobs): reduce thc codes at an aggregator instead of MPI");
 
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
