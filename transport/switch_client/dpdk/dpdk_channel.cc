@@ -122,6 +122,7 @@ void init_eal(Process& p, const std::string& eal_args) {
   }
   if (!has_arg(a, {"-l", "-c", "--lcores"})) a.push_back(lcores_of_this_thread());
   if (!has_arg(a, {"--log-level"})) a.push_back("--log-level=warning");
+  if (!has_arg(a, {"--telemetry", "--no-telemetry"})) a.push_back("--no-telemetry");  // a library, not a daemon
   p.argv_s = a;
   p.argv.clear();
   for (std::string& s : p.argv_s) p.argv.push_back(s.data());
