@@ -245,13 +245,14 @@ class DpdkChannel final : public DatagramChannel {
     }
     m->data_len = static_cast<uint16_t>(len);
     m->pkt_len = static_cast<uint32_t>(len);
-    if (rte_eth_tx_burst(port_, 0, &m, 1) != 1) {
-      rte_pktmbuf_free(m);
-      note("tx queue full");  // lost; retransmission recovers it
-    }
+    // Batched: the client sends a window's worth back to back, then receives; one burst (one
+    // system call on af_packet) instead of one per datagram.
+    tx_[tx_n_++] = m;
+    if (tx_n_ == kBurst) flush();
   }
 
   size_t recv(uint8_t* buf, size_t cap) override {
+    flush();
     for (;;) {
       rte_mbuf* m = next();
       if (!m) return 0;
@@ -262,6 +263,7 @@ class DpdkChannel final : public DatagramChannel {
   }
 
   void wait(int timeout_ms) override {
+    flush();
     const uint64_t deadline = mono_us() + static_cast<uint64_t>(std::max(timeout_ms, 0)) * 1000;
     for (;;) {
       if (rx_i_ < rx_n_) return;
@@ -289,6 +291,16 @@ class DpdkChannel final : public DatagramChannel {
  private:
   void note(const std::string& e) { err_ = e; }
 
+  void flush() {
+    uint16_t done = 0;
+    for (int t = 0; done < tx_n_ && t < 4; ++t) done += rte_eth_tx_burst(port_, 0, tx_ + done, tx_n_ - done);
+    if (done < tx_n_) {
+      rte_pktmbuf_free_bulk(tx_ + done, tx_n_ - done);
+      note("tx queue full");  // lost; retransmission recovers them
+    }
+    tx_n_ = 0;
+  }
+
   rte_mbuf* next() {
     if (rx_i_ >= rx_n_) {
       rx_i_ = 0;
@@ -299,6 +311,7 @@ class DpdkChannel final : public DatagramChannel {
   }
 
   void drain() {
+    flush();
     while (rx_i_ < rx_n_) rte_pktmbuf_free(rx_[rx_i_++]);
     rx_i_ = rx_n_ = 0;
   }
@@ -397,6 +410,8 @@ class DpdkChannel final : public DatagramChannel {
   frames::Mac agg_mac_{};
   rte_mbuf* rx_[kBurst] = {};
   uint16_t rx_n_ = 0, rx_i_ = 0;
+  rte_mbuf* tx_[kBurst] = {};
+  uint16_t tx_n_ = 0;
   std::string err_;
   uint64_t drops_ = 0;
   std::string last_drop_;
