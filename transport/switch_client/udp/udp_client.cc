@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -655,13 +656,23 @@ class UdpChannel final : public DatagramChannel {
       r.fail(Status::kTransport);
     }
   }
-  ~UdpChannel() override { ::close(fd_); }
+  ~UdpChannel() override {
+    flush();
+    ::close(fd_);
+  }
+  // Batched: the client sends a window's worth back to back, then receives; one sendmmsg per
+  // batch instead of one send per datagram. Flushed before every receive and wait.
   void send(const uint8_t* p, size_t n) override {
-    const sys::SysResult r = THC_SYS(::send(fd_, p, n, MSG_DONTWAIT));
-    // EAGAIN/ENOBUFS/ECONNREFUSED: the datagram is lost, retransmission recovers it.
-    if (!r.ok()) err_ = r.err;
+    if (n > kMaxDatagram) {
+      err_ = EMSGSIZE;
+      return;
+    }
+    std::memcpy(bufs_[queued_].data(), p, n);
+    lens_[queued_] = n;
+    if (++queued_ == kBatch) flush();
   }
   size_t recv(uint8_t* buf, size_t cap) override {
+    flush();
     const sys::SysResult r = THC_SYS(::recv(fd_, buf, cap, MSG_DONTWAIT));
     if (!r.ok()) {
       if (!r.would_block()) err_ = r.err;  // e.g. ECONNREFUSED: nobody at the aggregator port
@@ -670,6 +681,7 @@ class UdpChannel final : public DatagramChannel {
     return static_cast<size_t>(r.rc);  // (an empty datagram reads as "none": the parser would drop it anyway)
   }
   void wait(int timeout_ms) override {
+    flush();
     pollfd pfd{fd_, POLLIN, 0};
     (void)THC_SYS(::poll(&pfd, 1, timeout_ms));
   }
@@ -678,9 +690,39 @@ class UdpChannel final : public DatagramChannel {
   std::string last_error() const override { return err_ ? std::strerror(err_) : std::string(); }
 
  private:
+  void flush() {
+    size_t done = 0;
+    while (done < queued_) {
+      mmsghdr msgs[kBatch];
+      iovec iov[kBatch];
+      const size_t m = queued_ - done;
+      for (size_t i = 0; i < m; ++i) {
+        iov[i] = iovec{bufs_[done + i].data(), lens_[done + i]};
+        std::memset(&msgs[i], 0, sizeof msgs[i]);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int rc = ::sendmmsg(fd_, msgs, static_cast<unsigned>(m), MSG_DONTWAIT);
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        // EAGAIN/ENOBUFS/ECONNREFUSED: the rest of the batch is lost, retransmission recovers it.
+        err_ = errno;
+        break;
+      }
+      done += static_cast<size_t>(rc);
+      if (rc == 0) break;
+    }
+    queued_ = 0;
+  }
+
+  static constexpr size_t kBatch = 32;
+  static constexpr size_t kMaxDatagram = proto::kMaxPacketBytes;
   PeerAddr agg_;
   int fd_ = -1;
   int err_ = 0;
+  std::vector<std::vector<uint8_t>> bufs_ = std::vector<std::vector<uint8_t>>(kBatch, std::vector<uint8_t>(kMaxDatagram));
+  size_t lens_[kBatch] = {};
+  size_t queued_ = 0;
 };
 
 }  // namespace
