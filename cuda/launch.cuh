@@ -15,6 +15,17 @@ constexpr size_t kMinTemp = 16;
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// The kernels read and write temporary storage with 16-byte vector accesses; cudaMalloc gives
+// 256-byte alignment, a caller carving its own pool might not.
+constexpr size_t kTempAlign = 16;
+
+// The second call's checks: enough bytes, aligned for the vector accesses.
+inline cudaError_t check_temp(const void* d_temp, size_t have, size_t need) {
+  if (have < need) return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(d_temp) % kTempAlign != 0) return cudaErrorMisalignedAddress;
+  return cudaSuccess;
+}
+
 // Opt-in shared memory per block of the current device (cached per device).
 int device_smem_optin();
 // Number of SMs of the current device (cached per device).

@@ -138,7 +138,7 @@ cudaError_t prelude(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, cons
     *temp_bytes = need;
     return cudaSuccess;
   }
-  if (*temp_bytes < need) return cudaErrorInvalidValue;
+  THC_CUDA_TRY(check_temp(d_temp, *temp_bytes, need));
   const Geom g = make_geom(lay, 0, lay.nblocks);
   if (lay.nblocks == 0) {
     // count 0: no statistics; the check still says "finite, this digest"

@@ -5,7 +5,8 @@
 //  * every host entry returns cudaError_t and enqueues on the given stream; nothing synchronises;
 //  * entries that need scratch memory take (d_temp_storage, temp_storage_bytes): a first call
 //    with d_temp_storage == nullptr only writes the size needed (which may be 0) and launches
-//    nothing; the second call does the work;
+//    nothing; the second call does the work (cudaErrorInvalidValue if temp_storage_bytes is less
+//    than asked, cudaErrorMisalignedAddress unless d_temp_storage is 16-byte aligned);
 //  * device pointers only; buffers follow the host codec's layout (codec::Layout): inputs start
 //    at the first element of first_block, wire outputs at its first wire element.
 //

@@ -386,7 +386,7 @@ cudaError_t thc_encode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
     *temp_bytes = need;
     return cudaSuccess;
   }
-  if (*temp_bytes < need) return cudaErrorInvalidValue;
+  THC_CUDA_TRY(check_temp(d_temp, *temp_bytes, need));
   if (nblocks == 0) return cudaSuccess;
   ThcParams p{};
   p.d = c.desc();
@@ -422,7 +422,7 @@ cudaError_t thc_decode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
     *temp_bytes = need;
     return cudaSuccess;
   }
-  if (*temp_bytes < need) return cudaErrorInvalidValue;
+  THC_CUDA_TRY(check_temp(d_temp, *temp_bytes, need));
   if (nblocks == 0) return cudaSuccess;
   ThcParams p{};
   p.d = c.desc();

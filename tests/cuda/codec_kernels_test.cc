@@ -443,6 +443,44 @@ TEST_P(CodecKernelsOnce, FailedCheck) {
   EXPECT_EQ(status.download()[0], kStatusNonFinite);
 }
 
+// Temporary storage that is too small or not 16-byte aligned is refused before any launch (the
+// kernels' vector accesses would fault on a real device).
+TEST_P(CodecKernelsOnce, TempStorageChecked) {
+  THC_REQUIRE_DEVICE();
+  const Case& k = GetParam();
+  const Codec c = make_codec(k);
+  DeviceCodec dc;
+  ASSERT_CUDA(dc.init(c));
+  const uint64_t count = count_for(2, c.block());
+  const Layout lay = c.layout(count);
+  const LaunchOpts opts = opts_for(k);
+  DevBuf<float> dx(gaussian(count, 3)), dstats(lay.nblocks), out(count);
+  DevBuf<uint8_t> vals(lay.wire_count * 4 + 8);
+  size_t pb = 0, tb = 0, db = 0;
+  ASSERT_CUDA(prelude(nullptr, &pb, dc, lay, dx.get(), InType::kF32, nullptr, dstats.get(), nullptr, 0, 0));
+  ASSERT_CUDA(encode(nullptr, &tb, dc, lay, 0, lay.nblocks, nullptr, InType::kF32, nullptr, nullptr, Rng(), EncodeOut(),
+                     nullptr, 0, opts));
+  ASSERT_CUDA(decode(nullptr, &db, dc, lay, 0, lay.nblocks, nullptr, ValueLayout::kNative, nullptr, Rng(), 1, false,
+                     nullptr, InType::kF32, nullptr, nullptr, 0, opts));
+  DevBuf<uint8_t> temp(std::max({pb, tb, db}) + 16);
+  uint8_t* odd = temp.get() + 4;
+  size_t small = pb - 1;
+  EXPECT_EQ(prelude(temp.get(), &small, dc, lay, dx.get(), InType::kF32, nullptr, dstats.get(), nullptr, 0, 0),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(prelude(odd, &pb, dc, lay, dx.get(), InType::kF32, nullptr, dstats.get(), nullptr, 0, 0),
+            cudaErrorMisalignedAddress);
+  ASSERT_CUDA(prelude(temp.get(), &pb, dc, lay, dx.get(), InType::kF32, nullptr, dstats.get(), nullptr, 0, 0));
+  EncodeOut o;
+  o.values = vals.get();
+  const bool uses_temp = c.rotates();  // the natural kernels need no scratch
+  const cudaError_t e = encode(odd, &tb, dc, lay, 0, lay.nblocks, dx.get(), InType::kF32, nullptr, dstats.get(), Rng(),
+                               o, nullptr, 0, opts);
+  EXPECT_EQ(e, uses_temp ? cudaErrorMisalignedAddress : cudaSuccess);
+  const cudaError_t d = decode(odd, &db, dc, lay, 0, lay.nblocks, vals.get(), ValueLayout::kNative, dstats.get(), Rng(),
+                               1, false, out.get(), InType::kF32, nullptr, nullptr, 0, opts);
+  EXPECT_EQ(d, uses_temp ? cudaErrorMisalignedAddress : cudaSuccess);
+}
+
 const Case kCases[] = {
     // name                scheme              b  g    w   norm n     block mp
     {"thc", Scheme::kThc, 4, 30, 16, 2, 3, 10, 0},
