@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/engine.h"
 #include "cuda/device_pointer.h"

@@ -9,7 +9,7 @@
 #include <exception>
 #include <string>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 #include "collectives/codec/table_solver.h"
 
 namespace {

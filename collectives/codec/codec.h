@@ -18,7 +18,7 @@
 
 #include "collectives/codec/elem.h"
 #include "collectives/codec/philox.h"
-#include "collectives/codec/status.h"
+#include "common/status.h"
 
 namespace thc::codec {
 

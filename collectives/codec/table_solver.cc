@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 
 namespace thc::codec {
 namespace {

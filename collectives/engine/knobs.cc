@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 
 namespace thc::engine {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "collectives/codec/codec.h"
-#include "collectives/codec/status.h"
+#include "common/status.h"
 #include "perf/nmse/baselines.h"
 #include "perf/nmse/inputs.h"
 #include "perf/nmse/plot.h"

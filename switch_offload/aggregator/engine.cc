@@ -5,7 +5,7 @@
 #include <limits>
 #include <random>
 
-#include "switch_offload/common/fault.h"
+#include "common/fault.h"
 
 namespace thc::switch_offload {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "switch_offload/aggregator/stats.h"
-#include "switch_offload/common/net.h"
+#include "common/net.h"
 #include "switch_offload/protocol/wire.h"
 
 namespace thc::switch_offload {

@@ -13,6 +13,7 @@
 namespace {
 
 using namespace thc::switch_offload;
+using thc::PeerAddr;
 using namespace thc::switch_offload::proto;
 
 PeerAddr addr(int i) {

@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "switch_offload/common/net.h"
+#include "common/net.h"
 #include "switch_offload/protocol/builder.h"
 #include "switch_offload/protocol/wire.h"
 
@@ -194,16 +194,16 @@ TEST(SwitchProtocol, RandomBytesNeverCrashAndAcceptedOnesRoundTrip) {
 TEST(SwitchProtocol, UdpUrlParsing) {
   std::string host, err;
   uint16_t port = 0;
-  ASSERT_TRUE(thc::switch_offload::parse_udp_url("udp://127.0.0.1:4791", &host, &port, &err)) << err;
+  ASSERT_TRUE(thc::parse_udp_url("udp://127.0.0.1:4791", &host, &port, &err)) << err;
   EXPECT_EQ(host, "127.0.0.1");
   EXPECT_EQ(port, 4791);
-  ASSERT_TRUE(thc::switch_offload::parse_udp_url("localhost:9", &host, &port, &err));
+  ASSERT_TRUE(thc::parse_udp_url("localhost:9", &host, &port, &err));
   EXPECT_EQ(host, "localhost");
-  ASSERT_TRUE(thc::switch_offload::parse_udp_url("udp://[::1]:5000", &host, &port, &err));
+  ASSERT_TRUE(thc::parse_udp_url("udp://[::1]:5000", &host, &port, &err));
   EXPECT_EQ(host, "::1");
   EXPECT_EQ(port, 5000);
   for (const char* bad : {"udp://127.0.0.1", "udp://:80", "udp://h:0", "udp://h:70000", "tcp://h:1", "h:1x", "::1:5"})
-    EXPECT_FALSE(thc::switch_offload::parse_udp_url(bad, &host, &port, &err)) << bad;
+    EXPECT_FALSE(thc::parse_udp_url(bad, &host, &port, &err)) << bad;
 }
 
 }  // namespace

@@ -20,8 +20,8 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
+#include "common/status.h"
+#include "common/net.h"
 
 namespace thc::switch_offload {
 

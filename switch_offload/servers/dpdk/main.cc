@@ -27,13 +27,13 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
+#include "common/status.h"
+#include "common/net.h"
 #include "switch_offload/servers/dpdk/dpdk_server.h"
 #include "switch_offload/servers/udp/udp_server.h"  // parse_bytes
 
 namespace {
-std::string line_prefix() { return thc::switch_offload::log_prefix("thc-aggregator-dpdk"); }
+std::string line_prefix() { return thc::log_prefix("thc-aggregator-dpdk"); }
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -14,12 +14,12 @@
 #include <fstream>
 #include <string>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
+#include "common/status.h"
+#include "common/net.h"
 #include "switch_offload/servers/udp/udp_server.h"
 
 namespace {
-std::string line_prefix() { return thc::switch_offload::log_prefix("thc-aggregator"); }
+std::string line_prefix() { return thc::log_prefix("thc-aggregator"); }
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
-#include "switch_offload/common/sys_check.h"
+#include "common/status.h"
+#include "common/net.h"
+#include "common/sys_check.h"
 
 #ifndef SO_ATTACH_REUSEPORT_CBPF
 #define SO_ATTACH_REUSEPORT_CBPF 51

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "switch_offload/aggregator/engine.h"
-#include "switch_offload/common/fault.h"
+#include "common/fault.h"
 
 namespace thc::switch_offload {
 

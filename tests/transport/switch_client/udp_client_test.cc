@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 #include "switch_offload/protocol/builder.h"
 #include "tests/switch_offload/aggregator_process.h"
 #include "tests/transport/switch_client/workload.h"
@@ -84,7 +84,7 @@ std::vector<std::string> run_threads(int world, const std::function<void(int)>& 
 }
 
 std::vector<std::vector<uint8_t>> run_workload_threads(const AggregatorProcess& agg, uint32_t job,
-                                                       const thc::switch_offload::FaultOptions& fault,
+                                                       const thc::FaultOptions& fault,
                                                        std::vector<uint64_t>* seeds = nullptr) {
   std::vector<std::vector<uint8_t>> out(kWorld);
   std::vector<uint64_t> sd(kWorld);
@@ -165,7 +165,7 @@ class UdpClientFaults : public ::testing::TestWithParam<FaultCase> {};
 
 TEST_P(UdpClientFaults, FourThreadsBitIdenticalToLossless) {
   const FaultCase& c = GetParam();
-  thc::switch_offload::FaultOptions f;
+  thc::FaultOptions f;
   f.drop = c.drop;
   f.dup = c.dup;
   f.reorder = c.reorder;
@@ -180,7 +180,7 @@ TEST_P(UdpClientFaults, FourThreadsBitIdenticalToLossless) {
   }
   AggregatorProcess agg(extra);
   const auto lossless = run_workload_threads(agg, 20, {});
-  const auto faulty = run_workload_threads(agg, 21, c.server_side ? thc::switch_offload::FaultOptions{} : f);
+  const auto faulty = run_workload_threads(agg, 21, c.server_side ? thc::FaultOptions{} : f);
   const auto want = thc::test::wl_expected(kWorld, kCount, 7);
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(lossless[r], want) << "rank " << r;

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 #include "tests/transport/switch_client/workload.h"
 #include "transport/switch_client/udp/udp_client.h"
 #if defined(THC_WORKER_DPDK)

@@ -16,15 +16,15 @@
 #include <sstream>
 #include <vector>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
+#include "common/status.h"
+#include "common/net.h"
 #include "switch_offload/servers/dpdk/frames.h"
 
 namespace thc::transport {
 namespace {
 
 namespace frames = switch_offload::frames;
-using switch_offload::mono_us;
+using thc::mono_us;
 
 constexpr uint16_t kBurst = 32;
 

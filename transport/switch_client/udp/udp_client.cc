@@ -12,17 +12,17 @@
 #include <limits>
 #include <vector>
 
-#include "collectives/codec/status.h"
-#include "switch_offload/common/net.h"
-#include "switch_offload/common/sys_check.h"
+#include "common/status.h"
+#include "common/net.h"
+#include "common/sys_check.h"
 #include "switch_offload/protocol/wire.h"
 
 namespace thc::transport {
 
 namespace proto = switch_offload::proto;
-using switch_offload::FaultInjector;
-using switch_offload::mono_us;
-using switch_offload::PeerAddr;
+using thc::FaultInjector;
+using thc::mono_us;
+using thc::PeerAddr;
 
 namespace {
 
@@ -575,7 +575,7 @@ UdpReducer::UdpReducer(const UdpClientOptions& o, std::unique_ptr<DatagramChanne
     fail(Status::kInvalidArgument, "udp client: need rto_initial_ms > 0, rto_backoff >= 1, rto_max_ms >= rto_initial_ms, max_wait_ms > 0");
   if (opt.fault_from_env) {
     std::string bad;
-    if (!switch_offload::fault_options_from_env(&opt.fault, &bad))
+    if (!thc::fault_options_from_env(&opt.fault, &bad))
       fail(Status::kInvalidArgument, "udp client: environment variable " + bad + " is malformed (probabilities 0..1, integers)");
   }
   m.all = opt.world >= 64 ? ~uint64_t{0} : (uint64_t{1} << opt.world) - 1;
@@ -647,9 +647,9 @@ class UdpChannel final : public DatagramChannel {
   explicit UdpChannel(const std::string& address) {
     std::string host, err;
     uint16_t port = 0;
-    if (!switch_offload::parse_udp_url(address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
-    if (!switch_offload::resolve_udp(host, port, &agg_, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
-    fd_ = switch_offload::open_udp_socket(agg_, 4 << 20);
+    if (!thc::parse_udp_url(address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    if (!thc::resolve_udp(host, port, &agg_, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    fd_ = thc::open_udp_socket(agg_, 4 << 20);
     const sys::SysResult r = THC_SYS(::connect(fd_, reinterpret_cast<const sockaddr*>(&agg_.ss), agg_.len));
     if (!r.ok()) {
       ::close(fd_);

@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "switch_offload/common/fault.h"
+#include "common/fault.h"
 #include "transport/switch_client/channel.h"
 #include "transport/reducer.h"
 
@@ -39,7 +39,7 @@ struct UdpClientOptions {
   double rto_backoff = 2;          // multiplied per retransmission
   double rto_max_ms = 100;
   double max_wait_ms = 30'000;     // no result for a packet this long: kTimeout
-  switch_offload::FaultOptions fault;  // client-side fault injection, both directions
+  thc::FaultOptions fault;  // client-side fault injection, both directions
   bool fault_from_env = true;      // THC_FAULT_DROP/DUP/REORDER/DELAY_US/DELAY_PROB/SEED override
 };
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-namespace thc::switch_offload {
+namespace thc {
 
 // A peer address as the kernel gave it; compared bytewise.
 struct PeerAddr {
@@ -33,4 +33,4 @@ uint64_t mono_us();
 // "TOOL 2026-12-03T10:14:25": the start of the servers' log lines (local time).
 std::string log_prefix(const char* tool);
 
-}  // namespace thc::switch_offload
+}  // namespace thc

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "switch_offload/common/net.h"
+#include "common/net.h"
 
-namespace thc::switch_offload {
+namespace thc {
 
 struct FaultOptions {
   double drop = 0;        // probability a datagram vanishes
@@ -73,4 +73,4 @@ class FaultInjector {
   uint64_t dropped_ = 0, duplicated_ = 0, reordered_ = 0, delayed_ = 0;
 };
 
-}  // namespace thc::switch_offload
+}  // namespace thc

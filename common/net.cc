@@ -1,4 +1,4 @@
-#include "switch_offload/common/net.h"
+#include "common/net.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,9 +11,9 @@
 #include <ctime>
 #include <cstdlib>
 
-#include "switch_offload/common/sys_check.h"
+#include "common/sys_check.h"
 
-namespace thc::switch_offload {
+namespace thc {
 
 std::string PeerAddr::str() const {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -117,4 +117,4 @@ std::string log_prefix(const char* tool) {
   return std::string(tool) + " " + buf;
 }
 
-}  // namespace thc::switch_offload
+}  // namespace thc

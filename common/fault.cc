@@ -1,4 +1,4 @@
-#include "switch_offload/common/fault.h"
+#include "common/fault.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
-namespace thc::switch_offload {
+namespace thc {
 
 namespace {
 // A held-back (reordered) datagram is released at the latest this long after it was held, so a
@@ -145,4 +145,4 @@ uint64_t FaultInjector::next_due() const {
   return t;
 }
 
-}  // namespace thc::switch_offload
+}  // namespace thc

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "collectives/codec/status.h"
+#include "common/status.h"
 
 namespace thc::sys {
 
