@@ -18,6 +18,7 @@ enum class Status : int {
   kUnsupported = 7,
   kOutOfMemory = 8,
   kInternal = 9,
+  kLeftBehind = 10,
 };
 
 class Error : public std::runtime_error {

@@ -195,6 +195,7 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   const size_t esz = in_size(it);
   transport::Reducer& red = eng.reducer();
   const bool partial = red.partial_results();
+  red.set_part_granule(lay.block);
 
   // Error feedback: a device residual beside the buffers, zeroed on first use.
   float* efr = nullptr;
@@ -292,29 +293,33 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   auto finish = [&](int si) {
     Slot& s = slots[si];
     s.req->wait();
-    int contrib = s.req->contributors();
-    if (contrib < 0) contrib = n;
-    const bool counted = s.req->self_counted();
+    const std::vector<engine::BlockPart> parts = engine::block_parts(*s.req, s.b0, s.nblk, B, n);
     s.req.reset();
-    const uint64_t first = s.b0 * B;
-    const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
     void* d_sums = dbase + w.d_wire[si];
     THC_ENGINE_CUDA(cudaMemcpyAsync(d_sums, hbase + w.h_wire[si], s.wire * wsz, cudaMemcpyHostToDevice, stream));
-    char* out = static_cast<char*>(recv) + first * esz;
-    if (contrib == n) {
-      THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, s.b0, s.nblk, d_sums, ValueLayout::kNative,
-                             d_stats + s.b0, rng, contrib, plan.mean, out, it, nullptr, nullptr, stream));
-    } else {
-      // Partial aggregation: the counted workers' mean, scaled to all n for SUM, rounded once.
-      float* tmp = reinterpret_cast<float*>(dbase + w.d_float);
-      THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, s.b0, s.nblk, d_sums, ValueLayout::kNative,
-                             d_stats + s.b0, rng, contrib, true, tmp, InType::kF32, nullptr, nullptr, stream));
-      THC_ENGINE_CUDA(scale_store(tmp, m, plan.mean ? 1.0f : static_cast<float>(n), out, it, stream));
-    }
-    if (ef && !counted) {
-      // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
-      THC_ENGINE_CUDA(cudaMemcpyAsync(efr + first, dbase + w.d_saved_x[si], m * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, stream));
+    // Each part (one per aggregator instance the backend split the op over) decodes with its own
+    // contributor set; most requests have one part.
+    for (const engine::BlockPart& p : parts) {
+      const uint64_t first = p.b0 * B;
+      const uint64_t m = std::min<uint64_t>(count - first, p.nblk * B);
+      const void* psums = static_cast<const char*>(d_sums) + (p.b0 - s.b0) * B * wsz;
+      char* out = static_cast<char*>(recv) + first * esz;
+      const int contrib = p.contributors;
+      if (contrib == n) {
+        THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, p.b0, p.nblk, psums, ValueLayout::kNative,
+                               d_stats + p.b0, rng, contrib, plan.mean, out, it, nullptr, nullptr, stream));
+      } else {
+        // Partial aggregation: the counted workers' mean, scaled to all n for SUM, rounded once.
+        float* tmp = reinterpret_cast<float*>(dbase + w.d_float);
+        THC_ENGINE_CUDA(decode(d_codec_temp, &codec_temp, dcod, lay, p.b0, p.nblk, psums, ValueLayout::kNative,
+                               d_stats + p.b0, rng, contrib, true, tmp, InType::kF32, nullptr, nullptr, stream));
+        THC_ENGINE_CUDA(scale_store(tmp, m, plan.mean ? 1.0f : static_cast<float>(n), out, it, stream));
+      }
+      if (ef && !p.self_counted) {
+        // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
+        THC_ENGINE_CUDA(cudaMemcpyAsync(efr + first, dbase + w.d_saved_x[si] + (first - s.b0 * B) * sizeof(float),
+                                        m * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+      }
     }
   };
 

@@ -5,7 +5,8 @@
 # Usage:
 #   perf/compare.sh [--out DIR] [--np N] [--rates "1gbit none"] [--min-size 1M] [--max-size 256M]
 #                   [--iters 5] [--warmup 1] [--checks 1] [--bin-dir DIR] [--local]
-#                   [--configs "none thc-int thc-ps cnat-int cnat-ps"] [-- EXTRA_TOOL_ARGS...]
+#                   [--configs "none none-ring thc-int thc-ps cnat-int cnat-ps thc-agg-switch ..."]
+#                   [--agg-threads 1] [-- EXTRA_TOOL_ARGS...]
 #
 #   --out DIR       where results go (default perf-compare-YYYYmmdd-HHMMSS)
 #   --np N          ranks = emulated hosts (default 4)
@@ -14,7 +15,14 @@
 #   --iters/--warmup/--checks   thc_allreduce_perf -n / -w / -c
 #   --bin-dir DIR   directory holding thc_allreduce_perf (default: build*/perf/allreduce_perf or PATH)
 #   --local         no testbed: plain `mpirun --oversubscribe` on this machine, unshaped only
-#   --configs LIST  subset of: none thc-int thc-ps cnat-int cnat-ps (uhc-*, dnat-* also accepted)
+#   --configs LIST  subset of: none none-ring thc-int thc-ps cnat-int cnat-ps (uhc-*, dnat-* also
+#                   accepted), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
+#                   the bridge, where a switch is: every worker port at the link rate), thc-agg-host
+#                   (on a host of its own with one link), thc-agg-2hosts (two aggregator hosts, the
+#                   job's slots sharded over them); cnat-agg-* alike. none-ring is float32
+#                   MPI_Allreduce with Open MPI's ring forced (coll_tuned_allreduce_algorithm 4), the
+#                   baseline an HPC user would tune.
+#   --agg-threads N threads per thc-aggregator (default 1)
 #   after --         extra arguments for every thc_allreduce_perf run (e.g. --bits 2 --block 1M)
 #
 # Each run goes through perf/testbed/netns_cluster.sh (network namespaces, a bridge and tbf
@@ -45,6 +53,7 @@ CHECKS=1
 BIN_DIR=""
 LOCAL=0
 CONFIGS="none thc-int thc-ps cnat-int cnat-ps"
+AGG_THREADS=1
 EXTRA=()
 
 while [[ $# -gt 0 ]]; do
@@ -60,6 +69,7 @@ while [[ $# -gt 0 ]]; do
     --bin-dir) BIN_DIR="$2"; shift 2 ;;
     --local) LOCAL=1; shift ;;
     --configs) CONFIGS="$2"; shift 2 ;;
+    --agg-threads) AGG_THREADS="$2"; shift 2 ;;
     -h|--help) usage ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
@@ -69,9 +79,13 @@ done
 [[ "$NP" =~ ^[0-9]+$ ]] && (( NP >= 1 )) || die "--np must be a positive integer"
 for n in "$ITERS" "$WARMUP" "$CHECKS"; do [[ "$n" =~ ^[0-9]+$ ]] || die "--iters/--warmup/--checks must be integers"; done
 for s in "$MIN" "$MAX"; do [[ "$s" =~ ^[0-9]+[KMGkmg]?$ ]] || die "sizes look like 64K, 1M, 256M (got '$s')"; done
+NEED_AGG=0
 for c in $CONFIGS; do
-  [[ "$c" == none || "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)$ ]] || die "unknown config '$c'"
+  [[ "$c" == none || "$c" == none-ring || "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)$ ||
+     "$c" =~ ^(thc|uhc|cnat|dnat)-agg-(switch|host|2hosts)$ ]] || die "unknown config '$c'"
+  [[ "$c" == *-agg-* ]] && NEED_AGG=1
 done
+[[ "$AGG_THREADS" =~ ^[0-9]+$ ]] && (( AGG_THREADS >= 1 )) || die "--agg-threads must be a positive integer"
 
 # ---- the tool
 TOOL=""
@@ -86,6 +100,15 @@ fi
 [[ -n "$TOOL" && -x "$TOOL" ]] || die "thc_allreduce_perf not found (build it, or pass --bin-dir DIR)"
 TOOL=$(cd "$(dirname "$TOOL")" && pwd)/$(basename "$TOOL")
 command -v python3 >/dev/null || die "python3 is needed to write the tables"
+AGG_BIN=""
+if (( NEED_AGG )); then
+  for cand in "$(dirname "$TOOL")/../../switch_offload/thc-aggregator" "$(dirname "$TOOL")/thc-aggregator"; do
+    [[ -x "$cand" ]] && { AGG_BIN=$(cd "$(dirname "$cand")" && pwd)/thc-aggregator; break; }
+  done
+  [[ -z "$AGG_BIN" ]] && AGG_BIN=$(command -v thc-aggregator || true)
+  [[ -n "$AGG_BIN" ]] || die "thc-aggregator not found next to thc_allreduce_perf or on PATH"
+  (( LOCAL )) && die "aggregator configs need the testbed (no --local)"
+fi
 
 TESTBED="$HERE/testbed/netns_cluster.sh"
 if (( LOCAL )); then
@@ -103,21 +126,71 @@ write_runner() {
   {
     echo '#!/usr/bin/env bash'
     echo 'set -u'
-    printf 'TOOL=%q\nOUTDIR=%q\nCONFIGS=%q\n' "$TOOL" "$OUT" "$CONFIGS"
+    printf 'TOOL=%q\nOUTDIR=%q\nCONFIGS=%q\nAGG_BIN=%q\nAGG_THREADS=%q\n' "$TOOL" "$OUT" "$CONFIGS" "$AGG_BIN" "$AGG_THREADS"
     printf 'COMMON=(-b %q -e %q -f 2 -n %q -w %q -c %q)\n' "$MIN" "$MAX" "$ITERS" "$WARMUP" "$CHECKS"
     printf 'EXTRA=('; for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do printf ' %q' "$e"; done; printf ' )\n'
     cat <<'EOS'
 rate="$1"; shift   # then the mpirun command prefix
 status=0
+# Aggregators for the *-agg-* configs: started in their namespaces (the bridge's for the switch
+# position, the aggregator hosts' otherwise) with a key file the workers read too.
+AGG_PIDS=()
+export THC_AGGREGATOR_KEY_FILE="$OUTDIR/raw/agg.keys"
+start_aggs() {  # PLACE LOGPREFIX -> AGG_URLS
+  local place=$1 logp=$2 nss=() ips=() i
+  case $place in
+    switch) nss=("$THC_TESTBED_BRIDGE_NS"); ips=("$THC_TESTBED_SWITCH_IP") ;;
+    host) nss=("${THC_TESTBED_AGG_NS%%,*}"); ips=("${THC_TESTBED_AGG_HOSTS%%,*}") ;;
+    2hosts) IFS=, read -r -a nss <<<"$THC_TESTBED_AGG_NS"; IFS=, read -r -a ips <<<"$THC_TESTBED_AGG_HOSTS" ;;
+  esac
+  AGG_URLS=""
+  AGG_PIDS=()
+  for i in "${!ips[@]}"; do
+    [[ -n "${ips[$i]}" ]] || { echo "[compare.sh] no address for an aggregator at $place" >&2; return 1; }
+    rm -f "$logp.$i.port"
+    ip netns exec "${nss[$i]}" "$AGG_BIN" --key-file "$THC_AGGREGATOR_KEY_FILE" --create-key-file \
+      --bind "${ips[$i]}" --port 9471 --threads "$AGG_THREADS" --stats-interval 0 --port-file "$logp.$i.port" \
+      > "$logp.$i.log" 2>&1 &
+    AGG_PIDS+=($!)
+    local t=0
+    while [[ ! -s "$logp.$i.port" ]]; do
+      sleep 0.1; t=$((t + 1))
+      (( t < 100 )) || { echo "[compare.sh] thc-aggregator at ${ips[$i]} did not start:" >&2; cat "$logp.$i.log" >&2; return 1; }
+    done
+    AGG_URLS+="${AGG_URLS:+,}udp://${ips[$i]}:9471"
+  done
+}
+stop_aggs() {
+  local p
+  for p in "${AGG_PIDS[@]+"${AGG_PIDS[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${AGG_PIDS[@]+"${AGG_PIDS[@]}"}"; do wait "$p" 2>/dev/null; done
+  AGG_PIDS=()
+}
+trap stop_aggs EXIT
 for c in $CONFIGS; do
-  if [[ "$c" == none ]]; then scheme=none; algo=auto; else scheme=${c%-*}; algo=${c#*-}; fi
+  mpi_extra=()
+  agg_args=()
+  case $c in
+    none) scheme=none; algo=auto ;;
+    none-ring) scheme=none; algo=auto
+      mpi_extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4) ;;
+    *-agg-*)
+      scheme=${c%%-agg-*}; algo=ps
+      if ! start_aggs "${c##*-agg-}" "$OUTDIR/raw/${rate}_$c.agg"; then
+        status=1; stop_aggs; continue
+      fi
+      agg_args=(--aggregator "$AGG_URLS")
+      mpi_extra=(-x THC_AGGREGATOR_KEY_FILE) ;;
+    *) scheme=${c%-*}; algo=${c#*-} ;;
+  esac
   log="$OUTDIR/raw/${rate}_$c.log"
   echo "[compare.sh] rate=$rate config=$c" >&2
-  if ! "$@" "$TOOL" "${COMMON[@]}" --scheme "$scheme" --algo "$algo" "${EXTRA[@]+"${EXTRA[@]}"}" \
-       --json "$OUTDIR/raw/${rate}_$c.json" > "$log" 2>&1; then
+  if ! "$@" "${mpi_extra[@]+"${mpi_extra[@]}"}" "$TOOL" "${COMMON[@]}" --scheme "$scheme" --algo "$algo" \
+       "${agg_args[@]+"${agg_args[@]}"}" "${EXTRA[@]+"${EXTRA[@]}"}" --json "$OUTDIR/raw/${rate}_$c.json" > "$log" 2>&1; then
     status=1
     echo "[compare.sh] rate=$rate config=$c FAILED (see $log)" >&2
   fi
+  stop_aggs
   grep -E '^(#|  )' "$log" >&2 || true
 done
 exit $status
@@ -137,7 +210,9 @@ for rate in $RATES; do
     "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none || overall=1
   else
     # The runner expands $THC_TESTBED_MPIRUN_ARGS inside the testbed's host namespace h0.
-    bash "$TESTBED" --hosts "$NP" --rate "$rate" --prefix "thccmp$$" -- \
+    testbed_args=(--hosts "$NP" --rate "$rate" --prefix "thccmp$$")
+    (( NEED_AGG )) && testbed_args+=(--switch-ip --agg-hosts 2)
+    bash "$TESTBED" "${testbed_args[@]}" -- \
       bash -c 'r="$1"; shift; exec "$@" "$r" mpirun -np '"$NP"' $THC_TESTBED_MPIRUN_ARGS' _ "$rate" "$RUNNER" \
       || overall=1
   fi
@@ -145,8 +220,30 @@ done
 
 # ---- tables and plot data
 python3 - "$OUT" "$RATES" "$CONFIGS" "$NP" <<'EOF'
-import json, os, sys
+import json, os, re, sys
 out, rates, configs, np_ = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
+n = int(np_)
+
+def rate_bytes_per_s(rate):
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+    if not m:
+        return None
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
+
+def wire_limit_s(c, row, bps):
+    """Time the busiest link needs for this config's bytes at the shaped rate: each host's link
+    carries max(up, down) per element (full duplex); an aggregator on a host of its own carries
+    n workers' traffic on its one link (half of it each with two aggregator hosts)."""
+    if bps is None:
+        return None
+    up = row.get("wire_up_per_elem", row["wire_bytes_per_elem"])
+    down = row.get("wire_down_per_elem", row["wire_bytes_per_elem"])
+    per_elem = max(up, down)
+    if c.endswith("-agg-host"):
+        per_elem *= n
+    elif c.endswith("-agg-2hosts"):
+        per_elem *= n / 2
+    return per_elem * row["count"] / bps
 
 def human(b):
     for unit, f in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
@@ -156,7 +253,9 @@ def human(b):
 
 md = [f"# thc_allreduce_perf comparison: {np_} ranks", "",
       "time = average over -n iterations of the slowest rank; busbw = size/time * 2(n-1)/n (nccl-tests); "
-      "wire = bytes each rank sends per element; nmse against an exact float64 allreduce.", ""]
+      "wire = bytes per element on each rank's link in its busier direction (aggregator configs: counted "
+      "datagrams, headers included); wire limit = the busiest link's bytes at the shaped rate; "
+      "nmse against an exact float64 allreduce.", ""]
 for rate in rates:
     runs = {}
     for c in configs:
@@ -185,21 +284,31 @@ for rate in rates:
             md.append(line)
         md.append("")
     base = runs.get("none")
-    md += ["| config | algo ran | wire B/elem | worst nmse | speedup vs none at the largest size | status |",
-           "|---|---|---:|---:|---:|---|"]
+    ring = runs.get("none-ring")
+    bps = rate_bytes_per_s(rate)
+    md += ["| config | algo ran | wire B/elem (busier way) | worst nmse | time at the largest size (ms) | "
+           "wire limit (ms) | share of wire limit | speedup vs none | speedup vs none-ring | retransmissions | status |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in configs:
         v = runs[c]
         if not v or not v["rows"]:
             md.append(f"| {c} | - | - | - | - | FAILED (see raw/{rate}_{c}.log) |")
             continue
         last = v["rows"][-1]
-        sp = "-"
-        if base and base["rows"] and c != "none":
-            b = next((r for r in base["rows"] if r["size"] == last["size"]), None)
-            if b and last["time_us"] > 0:
-                sp = f"{b['time_us'] / last['time_us']:.2f}x"
+        def speedup(ref):
+            if not ref or not ref["rows"] or ref is v:
+                return "-"
+            b = next((r for r in ref["rows"] if r["size"] == last["size"]), None)
+            return f"{b['time_us'] / last['time_us']:.2f}x" if b and last["time_us"] > 0 else "-"
+        lim = wire_limit_s(c, last, bps)
+        lim_s = "-" if lim is None else f"{lim * 1e3:.1f}"
+        share = "-" if lim is None or last["time_us"] <= 0 else f"{100 * lim / (last['time_us'] * 1e-6):.0f} %"
+        rt = "-"
+        if last.get("packets"):
+            rt = f"{100 * last['retransmissions'] / last['packets']:.2f} %"
         algos = sorted({r["algo"] for r in v["rows"]})
-        md.append(f"| {c} | {','.join(algos)} | {last['wire_bytes_per_elem']:.3f} | {v['worst_nmse']:.3g} | {sp} | "
+        md.append(f"| {c} | {','.join(algos)} | {last['wire_bytes_per_elem']:.3f} | {v['worst_nmse']:.3g} | "
+                  f"{last['time_us'] / 1e3:.1f} | {lim_s} | {share} | {speedup(base)} | {speedup(ring)} | {rt} | "
                   f"{'ok' if v['ok'] else 'NMSE above bound ' + str(v['nmse_bound'])} |")
     md.append("")
 with open(os.path.join(out, "results.md"), "w") as f:

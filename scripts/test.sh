@@ -13,8 +13,8 @@ cmake --build build -j "$JOBS"
 echo "=== tests ==="
 ctest --test-dir build --output-on-failure --no-tests=error -j 1 --timeout 900
 
-echo "=== fuzzing the aggregator's packet parser and state machine (60 s, clang libFuzzer) ==="
-./switch_offload/fuzz/run_fuzz.sh build-fuzz "${THC_FUZZ_SECONDS:-60}"
+echo "=== fuzzing the aggregator's packet parser and state machine (reproducible: fixed seed and input count) ==="
+./switch_offload/fuzz/run_fuzz.sh --ci build-fuzz "${THC_FUZZ_RUNS:-200000}"
 
 echo "=== build (ASan + UBSan) ==="
 # CUDA kernels cannot run here and nvcc does not take the sanitizer flags: the sanitizer build is

@@ -32,6 +32,15 @@ class Request {
   // Whether this rank's own contribution is in the result. A worker left out of a partial
   // aggregate keeps its whole contribution in its error-feedback residual.
   virtual bool self_counted() const { return true; }
+  // A backend that splits an operation over several aggregators reports each part's
+  // contributors (parts are contiguous, in order, and start at multiples of the granule the
+  // engine set). Empty: one part, described by contributors() and self_counted().
+  struct Part {
+    uint64_t first = 0, count = 0;
+    int contributors = -1;
+    bool self_counted = true;
+  };
+  virtual std::vector<Part> parts() const { return {}; }
 };
 
 // A table the aggregator applies to each index before summing: values[z], z < 2^bits.
@@ -81,6 +90,22 @@ class Reducer {
   // Whether start_lookup_sum applies a DownstreamCodec it is given (otherwise the sums come back
   // at full width and the engine does not ask for one).
   virtual bool applies_downstream() const { return false; }
+  // Operations may be split into parts at multiples of this many elements (the engine's block:
+  // each part then decodes on its own). Default: no splitting.
+  virtual void set_part_granule(uint64_t elements) { (void)elements; }
+  // What this rank put on and took off the wire, protocol headers included, where the backend
+  // counts it (the aggregator clients); false otherwise.
+  struct WireCounters {
+    uint64_t bytes_sent = 0, bytes_received = 0;
+    uint64_t packets = 0;          // first transmissions of data packets
+    uint64_t retransmissions = 0;
+  };
+  virtual bool wire_counters(WireCounters* out) const {
+    (void)out;
+    return false;
+  }
+  // A one-line summary of the backend's transport statistics ("" if none).
+  virtual std::string wire_stats() const { return {}; }
 };
 
 // Add src into dst element-wise (helper for software backends).

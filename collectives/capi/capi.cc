@@ -99,6 +99,7 @@ const char* thc_status_string(thc_status_t s) {
     case THC_ERR_UNSUPPORTED: return "unsupported";
     case THC_ERR_NO_MEMORY: return "out of memory";
     case THC_ERR_INTERNAL: return "internal error";
+    case THC_ERR_LEFT_BEHIND: return "left behind by partial aggregation";
     default: break;
   }
   return "unknown status";
@@ -204,6 +205,9 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats) {
     stats->wire_bytes_down = s.wire_bytes_down;
     stats->float_bytes = s.float_bytes;
     stats->last_algo = s.last_algo == thc::engine::Algo::kPs ? THC_ALGO_PS : THC_ALGO_INT;
+    stats->measured_wire = s.measured_wire ? 1 : 0;
+    stats->packets = s.packets;
+    stats->retransmissions = s.retransmissions;
   });
 }
 

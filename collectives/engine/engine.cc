@@ -59,6 +59,25 @@ class NatRecompress final : public transport::DownstreamCodec {
 
 }  // namespace
 
+std::vector<BlockPart> block_parts(const transport::Request& req, uint64_t b0, uint64_t nblk, uint64_t B, int n) {
+  std::vector<BlockPart> out;
+  const std::vector<transport::Request::Part> parts = req.parts();
+  if (parts.empty()) {
+    const int c = req.contributors();
+    out.push_back(BlockPart{b0, nblk, c < 0 ? n : c, req.self_counted()});
+    return out;
+  }
+  for (const transport::Request::Part& p : parts) {
+    if (p.count == 0) continue;
+    if (p.first % B != 0)
+      fail(Status::kInternal, "a backend split an operation off a block boundary (element " + std::to_string(p.first) + ")");
+    const uint64_t pb = p.first / B;
+    const uint64_t pn = std::min<uint64_t>((p.count + B - 1) / B, nblk - pb);
+    out.push_back(BlockPart{b0 + pb, pn, p.contributors < 0 ? n : p.contributors, p.self_counted});
+  }
+  return out;
+}
+
 Engine::Engine(std::unique_ptr<transport::Reducer> reducer, const thc_config_t& cfg)
     : reducer_(std::move(reducer)), cfg_(cfg) {
   if (log2_exact(cfg_.block) < 10 || log2_exact(cfg_.block) > 20)
@@ -160,6 +179,18 @@ void Engine::account(const CallPlan& plan, uint64_t wire_total) {
   stats_.elements += plan.count;
   stats_.float_bytes += plan.count * 4;
   stats_.last_algo = plan.algo;
+  transport::Reducer::WireCounters wc;
+  if (reducer_->wire_counters(&wc)) {
+    // An aggregator client counts the datagrams themselves (headers, retransmissions, the
+    // prelude): what the link carried, not a model of it.
+    stats_.wire_bytes_up += wc.bytes_sent - wire_seen_.bytes_sent;
+    stats_.wire_bytes_down += wc.bytes_received - wire_seen_.bytes_received;
+    stats_.packets += wc.packets - wire_seen_.packets;
+    stats_.retransmissions += wc.retransmissions - wire_seen_.retransmissions;
+    stats_.measured_wire = true;
+    wire_seen_ = wc;
+    return;
+  }
   if (plan.algo == Algo::kPs) {
     stats_.wire_bytes_up += plan.cod->packed_bytes(wire_total);
     stats_.wire_bytes_down += plan.down ? wire_total : wire_total * wsz;
@@ -253,6 +284,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   const codec::CallRng& rng = plan.rng;
   const Algo algo = plan.algo;
   const size_t wsz = codec::int_size(cod.sum_type());
+  reducer_->set_part_granule(B);
 
   struct Slot {
     std::vector<float> x;  // this chunk's input (grad + e), kept for a worker left out
@@ -270,63 +302,99 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   }
 
   std::vector<float> obuf(xbuf.size());
-  auto finish = [&](Slot& s) {
+  // Decodes a finished chunk part by part; `drive` keeps the next chunk's transfer going between
+  // blocks (nothing else drives the aggregator client's window while this rank decodes).
+  auto finish = [&](Slot& s, Slot* drive) {
     s.req->wait();
-    int contrib = s.req->contributors();
-    if (contrib < 0) contrib = n;
-    const bool counted = s.req->self_counted();
+    const std::vector<BlockPart> parts = block_parts(*s.req, s.b0, s.nblk, B, n);
     s.req.reset();
-    const uint64_t first = s.b0 * B;
-    const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
-    // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
-    const bool as_mean = mean || contrib != n;
-    cod.decode(lay, s.b0, s.nblk, s.sums.data(), stats.data() + s.b0, rng, contrib, as_mean, obuf.data());
-    if (!mean && contrib != n)
-      for (uint64_t i = 0; i < m; ++i) obuf[i] *= static_cast<float>(n);
-    if (ef && !counted) {
-      // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
-      std::memcpy(ef->residual.data() + first, s.x.data(), m * sizeof(float));
+    for (const BlockPart& p : parts) {
+      for (uint64_t b = p.b0; b < p.b0 + p.nblk; ++b) {
+        const uint64_t first = b * B;
+        const uint64_t m = std::min<uint64_t>(count - first, B);
+        const uint64_t wire_off = (b - s.b0) * B;
+        const uint8_t* sums = s.sums.data() + wire_off * wsz;
+        // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
+        const bool as_mean = mean || p.contributors != n;
+        cod.decode(lay, b, 1, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
+        if (!mean && p.contributors != n)
+          for (uint64_t i = 0; i < m; ++i) obuf[i] *= static_cast<float>(n);
+        if (ef && !p.self_counted) {
+          // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
+          std::memcpy(ef->residual.data() + first, s.x.data() + (first - s.b0 * B), m * sizeof(float));
+        }
+        store_from_float(obuf.data(), m, dtype, recv, first);
+        if (drive && drive->req) drive->req->test();
+      }
     }
-    store_from_float(obuf.data(), m, dtype, recv, first);
   };
-
+  // Left behind (the job went on without this rank): nothing of the call from `from_b0` on was
+  // counted, so the whole contribution x = grad + e stays in the residual, for the chunks in
+  // flight (x is at hand) and for those never encoded (grad is added to e).
+  auto keep_contribution = [&](uint64_t from_b0, Slot* a, Slot* b) {
+    if (!ef) return;
+    uint64_t done_to = from_b0 * B;
+    for (Slot* s : {a, b}) {
+      if (!s || s->nblk == 0 || s->b0 < from_b0) continue;
+      const uint64_t first = s->b0 * B;
+      const uint64_t m = std::min<uint64_t>(count - first, s->nblk * B);
+      std::memcpy(ef->residual.data() + first, s->x.data(), m * sizeof(float));
+      done_to = std::max(done_to, first + m);
+    }
+    if (done_to < count) {
+      std::vector<float> tmp(std::min<uint64_t>(count - done_to, 1u << 20));
+      for (uint64_t f = done_to; f < count; f += tmp.size()) {
+        const uint64_t m = std::min<uint64_t>(count - f, tmp.size());
+        load_as_float(send, dtype, f, m, ef->residual.data() + f, tmp.data());
+        std::memcpy(ef->residual.data() + f, tmp.data(), m * sizeof(float));
+      }
+    }
+  };
   uint64_t wire_total = 0;
   int cur = 0;
   Slot* pending = nullptr;
-  for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
-    Slot& s = slots[cur];
-    s.b0 = b0;
-    s.nblk = std::min(chunk_blocks, nb - b0);
-    const uint64_t first = b0 * B;
-    const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
-    load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
-    // Encode block by block so the chunk in flight keeps progressing.
-    uint64_t wire = 0;
-    for (uint64_t k = 0; k < s.nblk; ++k) {
-      const uint64_t blk = b0 + k;
-      codec::Codec::EncodeOut out;
-      if (algo == Algo::kPs) {
-        out.packed = s.packed.data() + wire * cod.index_bits() / 8;
-      } else {
-        out.values = s.sums.data() + wire * wsz;
+  try {
+    for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
+      Slot& s = slots[cur];
+      s.b0 = b0;
+      s.nblk = std::min(chunk_blocks, nb - b0);
+      const uint64_t first = b0 * B;
+      const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
+      load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
+      // Encode block by block so the chunk in flight keeps progressing.
+      uint64_t wire = 0;
+      for (uint64_t k = 0; k < s.nblk; ++k) {
+        const uint64_t blk = b0 + k;
+        codec::Codec::EncodeOut out;
+        if (algo == Algo::kPs) {
+          out.packed = s.packed.data() + wire * cod.index_bits() / 8;
+        } else {
+          out.values = s.sums.data() + wire * wsz;
+        }
+        if (ef) out.residual = ef->residual.data() + blk * B;
+        cod.encode(lay, blk, 1, s.x.data() + k * B, stats.data() + blk, rng, out);
+        wire += lay.wire(blk);
+        if (pending) pending->req->test();
       }
-      if (ef) out.residual = ef->residual.data() + blk * B;
-      cod.encode(lay, blk, 1, s.x.data() + k * B, stats.data() + blk, rng, out);
-      wire += lay.wire(blk);
-      if (pending) pending->req->test();
+      wire_total += wire;
+      if (algo == Algo::kPs) {
+        s.req = reducer_->start_lookup_sum(s.packed.data(), wire, plan.table, s.sums.data(), cod.sum_type(),
+                                           plan.down.get());
+      } else {
+        s.req = reducer_->start_sum(s.sums.data(), wire, cod.sum_type());
+      }
+      if (pending) finish(*pending, &s);
+      pending = &s;
+      cur ^= 1;
     }
-    wire_total += wire;
-    if (algo == Algo::kPs) {
-      s.req = reducer_->start_lookup_sum(s.packed.data(), wire, plan.table, s.sums.data(), cod.sum_type(),
-                                         plan.down.get());
-    } else {
-      s.req = reducer_->start_sum(s.sums.data(), wire, cod.sum_type());
+    if (pending) finish(*pending, nullptr);
+  } catch (const Error& e) {
+    if (e.status() == Status::kLeftBehind && pending) {
+      Slot* other = pending == &slots[0] ? &slots[1] : &slots[0];
+      keep_contribution(std::min(pending->b0, other->req ? other->b0 : pending->b0), pending, other->req ? other : nullptr);
     }
-    if (pending) finish(*pending);
-    pending = &s;
-    cur ^= 1;
+    throw;
   }
-  if (pending) finish(*pending);
   account(plan, wire_total);
 }
 

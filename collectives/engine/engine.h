@@ -50,12 +50,25 @@ struct CallPlan {
   uint64_t chunk_blocks = 1;                            // pipelining unit
 };
 
+// A block range of a chunk whose sums share one contributor set (a backend that splits an
+// operation over several aggregators reports one per part; most report one per chunk).
+struct BlockPart {
+  uint64_t b0 = 0, nblk = 0;
+  int contributors = 0;
+  bool self_counted = true;
+};
+// The parts of a finished request over the chunk's blocks [b0, b0 + nblk) of B wire elements.
+std::vector<BlockPart> block_parts(const transport::Request& req, uint64_t b0, uint64_t nblk, uint64_t B, int n);
+
 struct EngineStats {
   uint64_t calls = 0;
   uint64_t elements = 0;
-  uint64_t wire_bytes_up = 0;
-  uint64_t wire_bytes_down = 0;
+  uint64_t wire_bytes_up = 0;    // codes this rank sent; on an aggregator: datagram bytes with headers
+  uint64_t wire_bytes_down = 0;  // sums this rank received; likewise
   uint64_t float_bytes = 0;
+  uint64_t packets = 0;          // aggregator clients: data packets (first transmissions)
+  uint64_t retransmissions = 0;
+  bool measured_wire = false;    // wire bytes are counted datagrams, not a model
   Algo last_algo = Algo::kInt;
 };
 
@@ -97,6 +110,7 @@ class Engine {
   uint32_t round_ = 0;
   std::map<int, std::unique_ptr<codec::Codec>> codecs_;
   EngineStats stats_;
+  transport::Reducer::WireCounters wire_seen_;  // the reducer's counters at the last call
   std::unique_ptr<DeviceSession> device_;  // opened on the first call with device buffers
 
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);

@@ -31,6 +31,9 @@ typedef enum {
   THC_ERR_UNSUPPORTED = 7,   /* feature not built in or not available */
   THC_ERR_NO_MEMORY = 8,
   THC_ERR_INTERNAL = 9,
+  THC_ERR_LEFT_BEHIND = 10,  /* partial aggregation went on without this rank: the call's result
+                              * is gone (its input stays in the error-feedback residual); the next
+                              * call rejoins the job at its newest operation */
   THC_STATUS_MAX_ENUM = 0x7FFFFFFF
 } thc_status_t;
 
@@ -70,6 +73,11 @@ typedef struct thc_config {
   double fault_reorder;  /* THC_FAULT_REORDER: reorder probability */
   long fault_delay_us;   /* THC_FAULT_DELAY_US: max injected delay */
   int quorum;            /* THC_QUORUM: aggregator quorum (0 = all workers) */
+  long quorum_timeout_ms;/* THC_QUORUM_TIMEOUT_MS: wait before a slot completes with the quorum */
+  int agg_slots;         /* THC_AGG_SLOTS: slots (window bound) a job asks its aggregators for */
+  int agg_lanes;         /* THC_AGG_LANES: lanes per packet at most (256: Tofino profile) */
+  int agg_shards;        /* THC_AGG_SHARDS: job instances per aggregator address (0: all offered) */
+  double agg_delay_ms;   /* THC_AGG_DELAY_MS: queueing delay the congestion control tolerates */
   char dpdk_eal[512];    /* THC_DPDK_EAL: EAL arguments of a dpdk:// aggregator client */
   char dpdk_local[64];   /* THC_DPDK_LOCAL: this worker's IPv4[:UDP port] on the DPDK port */
   int dpdk_port_id;      /* THC_DPDK_PORT_ID: DPDK port of a dpdk:// aggregator client */
@@ -92,9 +100,14 @@ thc_status_t thc_inproc_group_create(int size, thc_inproc_group_t* group);
 thc_status_t thc_inproc_group_destroy(thc_inproc_group_t group);
 thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const thc_config_t* cfg,
                                     thc_comm_t* comm);
-/* A software aggregator (thc-aggregator): url "udp://HOST:PORT". */
-thc_status_t thc_comm_create_aggregator(const char* url, int rank, int size, uint32_t job,
-                                        uint64_t token, const thc_config_t* cfg, thc_comm_t* comm);
+/* Aggregators (thc-aggregator, thc-aggregator-dpdk, a switch): urls "udp://HOST:PORT" or
+ * "dpdk://IPv4:PORT", or a comma-separated list of them (the job's slots are sharded over all of
+ * them, and over every thread each one offers). job: the job's label, the same on every rank and
+ * distinct for concurrent jobs under one key. key: the tenant key "ID:HEX" the aggregators hold
+ * (their --key-file), or NULL to take THC_AGGREGATOR_KEY / THC_AGGREGATOR_KEY_FILE; it
+ * authenticates every datagram and never travels. Collective over the `size` ranks. */
+thc_status_t thc_comm_create_aggregator(const char* urls, int rank, int size, uint32_t job,
+                                        const char* key, const thc_config_t* cfg, thc_comm_t* comm);
 thc_status_t thc_comm_destroy(thc_comm_t comm);
 thc_status_t thc_comm_rank(thc_comm_t comm, int* rank);
 thc_status_t thc_comm_size(thc_comm_t comm, int* size);
@@ -123,10 +136,14 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
 typedef struct thc_stats {
   uint64_t calls;
   uint64_t elements;
-  uint64_t wire_bytes_up;    /* bytes this rank's codes occupy upstream (index or value form) */
-  uint64_t wire_bytes_down;  /* bytes of sums this rank received */
+  uint64_t wire_bytes_up;    /* bytes this rank's codes occupy upstream (index or value form);
+                              * on an aggregator communicator: the datagrams sent, headers included */
+  uint64_t wire_bytes_down;  /* bytes of sums this rank received (aggregator: datagrams received) */
   uint64_t float_bytes;      /* what the same calls would be as float32 */
   int last_algo;             /* thc_algo_t of the last call (INT or PS) */
+  int measured_wire;         /* 1: the wire bytes are counted datagrams (aggregator communicators) */
+  uint64_t packets;          /* aggregator communicators: data packets sent (first transmissions) */
+  uint64_t retransmissions;  /* aggregator communicators: data packets sent again */
 } thc_stats_t;
 thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
 

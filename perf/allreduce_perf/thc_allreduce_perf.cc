@@ -8,7 +8,10 @@
 //   wire_B/elem  bytes each rank sends per element (= receives): for thc schemes from
 //                thc_comm_stats, (up + down) * (n-1)/n -- a ring allreduce of values moves
 //                (n-1)/n of them in each phase, the colocated PS (n-1)/n of the indices up and
-//                of the sums down; for --scheme none a ring allreduce's 2(n-1)/n * element size
+//                of the sums down; for --scheme none a ring allreduce's 2(n-1)/n * element size;
+//                with --aggregator the datagrams this rank's link carried, counted (headers,
+//                retransmissions and the prelude included, no model), in its busier direction
+//                (the JSON has both: wire_up_per_elem, wire_down_per_elem)
 //   nmse         ||est - exact||^2 / ||exact||^2 over the -c check iterations (worst), where exact
 //                is MPI_Allreduce on MPI_DOUBLE of the same (typed) inputs
 //   algo         int | ps (what thc ran) or mpi (--scheme none)
@@ -180,6 +183,8 @@ struct Row {
   uint64_t size, count;
   std::string type, redop, algo;
   double time_us, algbw, busbw, wire, nmse;
+  uint64_t packets = 0, retrans = 0;  // aggregator communicators: over all ranks
+  double wire_up = 0, wire_down = 0;  // per element and rank, each direction (wire = up + down)
 };
 
 double parse_fraction(const std::string& s) {
@@ -238,7 +243,9 @@ int main(int argc, char** argv) {
   app.add_option("--nmse-bound", o.nmse_bound,
                  "fail (exit 1) when a check's NMSE exceeds this (default 0.1 compressed; none: 1e-10 float, "
                  "1e-24 double, 1e-5 half, 1e-3 bfloat16)");
-  app.add_option("--aggregator", o.aggregator, "udp://HOST:PORT (or dpdk://IPv4:PORT with the THC_DPDK_* knobs): reduce thc codes at an aggregator instead of MPI");
+  app.add_option("--aggregator", o.aggregator,
+                 "udp://HOST:PORT (or dpdk://IPv4:PORT with the THC_DPDK_* knobs), or a comma-separated list: reduce "
+                 "thc codes at aggregators instead of MPI (key: THC_AGGREGATOR_KEY or THC_AGGREGATOR_KEY_FILE)");
 
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -322,8 +329,9 @@ int main(int argc, char** argv) {
         ids[1] = (static_cast<uint64_t>(rd()) << 32) | rd();
       }
       MPI_Bcast(ids, 2, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-      st = thc_comm_create_aggregator(o.aggregator.c_str(), g_rank, g_size, static_cast<uint32_t>(ids[0]), ids[1],
-                                      &cfg, &tc);
+      // The job label is random per run; the key comes from THC_AGGREGATOR_KEY[_FILE].
+      st = thc_comm_create_aggregator(o.aggregator.c_str(), g_rank, g_size, static_cast<uint32_t>(ids[0] ^ ids[1]),
+                                      nullptr, &cfg, &tc);
     } else {
       st = thc_comm_create_mpi(MPI_COMM_WORLD, &cfg, &tc);
     }
@@ -454,11 +462,26 @@ int main(int argc, char** argv) {
     const double share = g_size > 1 ? (g_size - 1.0) / g_size : 0.0;
     if (none) {
       row.wire = 2.0 * share * static_cast<double>(ti.size);
+      row.wire_up = row.wire_down = row.wire;  // a ring sends and receives the same
       row.algo = "mpi";
     } else {
       const double elems = static_cast<double>(s1.elements - s0.elements);
       const double wb = static_cast<double>((s1.wire_bytes_up - s0.wire_bytes_up) + (s1.wire_bytes_down - s0.wire_bytes_down));
-      row.wire = elems > 0 ? share * wb / elems : 0;
+      if (s1.measured_wire) {
+        // An aggregator communicator counts its datagrams (headers, retransmissions, prelude
+        // included): what this rank's link carried each way. The column shows the busier way.
+        row.wire_up = elems > 0 ? static_cast<double>(s1.wire_bytes_up - s0.wire_bytes_up) / elems : 0;
+        row.wire_down = elems > 0 ? static_cast<double>(s1.wire_bytes_down - s0.wire_bytes_down) / elems : 0;
+        row.wire = std::max(row.wire_up, row.wire_down);
+      } else {
+        // MPI algorithms move the same bytes each way: a (n-1)/n share of up + down per rank.
+        row.wire = elems > 0 ? share * wb / elems : 0;
+        row.wire_up = row.wire_down = row.wire;
+      }
+      uint64_t mine[2] = {s1.packets - s0.packets, s1.retransmissions - s0.retransmissions}, all[2] = {0, 0};
+      MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+      row.packets = all[0];
+      row.retrans = all[1];
       row.algo = s1.calls == 0 ? "-" : (s1.last_algo == THC_ALGO_PS ? "ps" : "int");
     }
 
@@ -505,6 +528,10 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(row.size), static_cast<unsigned long long>(row.count),
                   row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, row.wire, row.nmse,
                   row.algo.c_str(), bad ? "  FAILED" : "");
+      if (row.packets > 0)
+        std::printf("#   aggregator wire: %llu data packets, %llu retransmissions (%.3f%%), all ranks, timed iterations\n",
+                    static_cast<unsigned long long>(row.packets), static_cast<unsigned long long>(row.retrans),
+                    100.0 * static_cast<double>(row.retrans) / static_cast<double>(row.packets));
       std::fflush(stdout);
     }
     if (o.factor <= 1 && o.step_bytes == 0) break;
@@ -538,6 +565,8 @@ int main(int argc, char** argv) {
           << r.type << "\", \"redop\": \"" << r.redop << "\", \"time_us\": " << json_num(r.time_us)
           << ", \"algbw\": " << json_num(r.algbw) << ", \"busbw\": " << json_num(r.busbw)
           << ", \"wire_bytes_per_elem\": " << json_num(r.wire) << ", \"nmse\": " << json_num(r.nmse)
+          << ", \"wire_up_per_elem\": " << json_num(r.wire_up) << ", \"wire_down_per_elem\": " << json_num(r.wire_down)
+          << ", \"packets\": " << r.packets << ", \"retransmissions\": " << r.retrans
           << ", \"algo\": \"" << r.algo << "\"}";
       }
       f << "\n  ],\n  \"avg_busbw\": " << json_num(avg_bus) << ",\n  \"worst_nmse\": " << json_num(worst)

@@ -6,6 +6,7 @@
 # Usage:
 #   netns_cluster.sh [--hosts N] [--rate 1gbit|none] [--prefix P] [--slots K]
 #                    [--burst 256kb] [--latency 50ms] [--no-uts]
+#                    [--switch-ip] [--agg-hosts M]
 #                    -- <command ...>
 #
 # Topology (all links live only inside namespaces created here; nothing is
@@ -19,6 +20,11 @@
 # every host link: host-side eth0 egress (host -> bridge) and bridge-side vhI
 # egress (bridge -> host).  A flow hI -> hJ is therefore limited to R.
 #
+# --switch-ip gives the bridge itself an address, 10.77.0.254, in namespace <P>-br: a process
+# there (an aggregator) sits where a switch would, behind every host's shaped port.
+# --agg-hosts M adds M more hosts <P>-a0.. (10.77.0.101..) with the same shaped links, outside
+# the MPI host list: places for aggregators on hosts of their own.
+#
 # The command runs inside <P>-h0 with these variables exported:
 #   THC_TESTBED_HOSTS        comma-separated host IPs (10.77.0.1,10.77.0.2,...)
 #   THC_TESTBED_MPIRUN_ARGS  extra mpirun arguments that span the namespaces
@@ -26,6 +32,10 @@
 #   THC_TESTBED_PREFIX       the namespace prefix
 #   THC_TESTBED_NHOSTS       N
 #   THC_TESTBED_AGENT        path of the generated rsh agent
+#   THC_TESTBED_SWITCH_IP    10.77.0.254 with --switch-ip (namespace: THC_TESTBED_BRIDGE_NS)
+#   THC_TESTBED_BRIDGE_NS    the bridge namespace
+#   THC_TESTBED_AGG_HOSTS    comma-separated aggregator host IPs (--agg-hosts)
+#   THC_TESTBED_AGG_NS       comma-separated aggregator host namespaces
 # plus OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 when run as root.
 #
 # Example:
@@ -51,6 +61,8 @@ SLOTS=1
 BURST=256kb
 LATENCY=50ms
 SET_UTS=1
+SWITCH_IP=0
+NAGG=0
 SUBNET_BASE=10.77.0
 SUBNET="${SUBNET_BASE}.0/24"
 
@@ -63,6 +75,8 @@ while [[ $# -gt 0 ]]; do
     --burst)   BURST="$2"; shift 2 ;;
     --latency) LATENCY="$2"; shift 2 ;;
     --no-uts)  SET_UTS=0; shift ;;
+    --switch-ip) SWITCH_IP=1; shift ;;
+    --agg-hosts) NAGG="$2"; shift 2 ;;
     -h|--help) usage ;;
     --)        shift; break ;;
     *) echo "netns_cluster: unknown argument '$1' (missing '--' before the command?)" >&2; usage ;;
@@ -71,6 +85,8 @@ done
 [[ $# -gt 0 ]] || { echo "netns_cluster: no command given after --" >&2; usage; }
 [[ "$NHOSTS" =~ ^[0-9]+$ ]] && (( NHOSTS >= 1 && NHOSTS <= 200 )) \
   || { echo "netns_cluster: --hosts must be 1..200" >&2; exit 2; }
+[[ "$NAGG" =~ ^[0-9]+$ ]] && (( NAGG <= 50 )) \
+  || { echo "netns_cluster: --agg-hosts must be 0..50" >&2; exit 2; }
 [[ "$SLOTS" =~ ^[0-9]+$ ]] && (( SLOTS >= 1 )) \
   || { echo "netns_cluster: --slots must be >= 1" >&2; exit 2; }
 # The prefix becomes part of netns names and is matched when cleaning up.
@@ -86,6 +102,8 @@ done
 BRNS="${PREFIX}-br"
 hostns() { echo "${PREFIX}-h$1"; }
 hostip() { echo "${SUBNET_BASE}.$(( $1 + 1 ))"; }
+aggns() { echo "${PREFIX}-a$1"; }
+aggip() { echo "${SUBNET_BASE}.$(( $1 + 101 ))"; }
 
 log() { echo "[netns_cluster:$PREFIX] $*" >&2; }
 TMPD=""
@@ -107,9 +125,9 @@ destroy_prefix() {
   for d in /tmp/"${PREFIX}".??????; do
     [[ -d "$d" && -f "$d/rsh_agent.sh" && "$d" != "$TMPD" ]] && rm -rf -- "$d"
   done
-  # exact prefix match: "<P>-br" or "<P>-h<digits>"
+  # exact prefix match: "<P>-br", "<P>-h<digits>" or "<P>-a<digits>"
   nss=$(ip netns list 2>/dev/null | awk '{print $1}' \
-        | grep -E "^${PREFIX//./\\.}-(br|h[0-9]+)$" || true)
+        | grep -E "^${PREFIX//./\\.}-(br|h[0-9]+|a[0-9]+)$" || true)
   [[ -z "$nss" ]] && return 0
   for ns in $nss; do kill_ns_pids "$ns" TERM; done
   for i in 1 2 3 4 5 6 7 8 9 10; do
@@ -133,7 +151,7 @@ cleanup() {
   destroy_prefix
   [[ -n "$TMPD" && -d "$TMPD" ]] && rm -rf -- "$TMPD"
   local left
-  left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX//./\\.}-(br|h[0-9]+)$" || true)
+  left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX//./\\.}-(br|h[0-9]+|a[0-9]+)$" || true)
   [[ -n "$left" ]] && log "WARNING: namespaces left behind: $left"
   exit "$rc"
 }
@@ -177,6 +195,32 @@ for (( i = 0; i < NHOSTS; i++ )); do
   HOST_SLOTS+="${HOST_SLOTS:+,}${ipaddr}:${SLOTS}"
   echo "$ipaddr $ns h$i" >> "$TMPD/hostmap"
 done
+
+# Aggregator hosts: like the others, but not in the MPI host list.
+AGG_CSV=""
+AGG_NS_CSV=""
+for (( i = 0; i < NAGG; i++ )); do
+  ns=$(aggns "$i"); ipaddr=$(aggip "$i")
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip -n "$BRNS" link add "va$i" type veth peer name eth0 netns "$ns"
+  ip -n "$BRNS" link set "va$i" master br0
+  ip -n "$BRNS" link set "va$i" up
+  ip -n "$ns" addr add "${ipaddr}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  if [[ "$RATE" != "none" ]]; then
+    ip netns exec "$ns"   tc qdisc replace dev eth0  root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
+    ip netns exec "$BRNS" tc qdisc replace dev "va$i" root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
+  fi
+  AGG_CSV+="${AGG_CSV:+,}${ipaddr}"
+  AGG_NS_CSV+="${AGG_NS_CSV:+,}${ns}"
+done
+# The switch position: the bridge's own address. Traffic from a host to it is shaped by the
+# host's eth0, traffic from it to a host by the bridge port vhI: a process here sees every host
+# through its own 1-port link, like a switch's pipeline.
+if (( SWITCH_IP )); then
+  ip -n "$BRNS" addr add "${SUBNET_BASE}.254/24" dev br0
+fi
 
 # Wait until every host link reports carrier (veth/bridge is usually instant;
 # no ping dependency).
@@ -242,11 +286,16 @@ export THC_TESTBED_RATE="$RATE"
 export THC_TESTBED_PREFIX="$PREFIX"
 export THC_TESTBED_NHOSTS="$NHOSTS"
 export THC_TESTBED_AGENT="$AGENT"
+export THC_TESTBED_BRIDGE_NS="$BRNS"
+export THC_TESTBED_SWITCH_IP=""
+(( SWITCH_IP )) && THC_TESTBED_SWITCH_IP="${SUBNET_BASE}.254"
+export THC_TESTBED_AGG_HOSTS="$AGG_CSV"
+export THC_TESTBED_AGG_NS="$AGG_NS_CSV"
 # Open MPI session directories go to TMPDIR; keep them inside our temp dir so
 # they are removed with it.
 export TMPDIR="$TMPD"
 
-log "hosts=$NHOSTS rate=$RATE slots/host=$SLOTS hosts=$HOSTS_CSV"
+log "hosts=$NHOSTS rate=$RATE slots/host=$SLOTS hosts=$HOSTS_CSV${AGG_CSV:+ aggregator hosts=$AGG_CSV}${THC_TESTBED_SWITCH_IP:+ switch=$THC_TESTBED_SWITCH_IP}"
 
 # -------------------------------------------------------------------- run --
 # Run in the background and wait, so that INT/TERM reach our trap at once.

@@ -1,5 +1,7 @@
 #include "switch_offload/aggregator/engine.h"
 
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -21,22 +23,45 @@ constexpr uint64_t kGcIntervalUs = 1'000'000;
 
 int popcount(uint64_t v) { return __builtin_popcountll(v); }
 uint64_t all_mask(int n) { return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1; }
+
+// The source's address without its port: what per-source limits count.
+std::string host_of(const PeerAddr& a) {
+  const std::string s = a.str();
+  const size_t colon = s.rfind(':');
+  return colon == std::string::npos ? s : s.substr(0, colon);
+}
+
+bool is_loopback(const PeerAddr& a) {
+  if (a.ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a.ss);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a.ss);
+    static const uint8_t lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    return std::memcmp(in6->sin6_addr.s6_addr, lo, 16) == 0;
+  }
+  return false;
+}
 }  // namespace
 
-bool Budget::reserve(int64_t bytes) {
-  if (jobs_.fetch_sub(1) <= 0) {
-    jobs_.fetch_add(1);
+bool Budget::reserve(int64_t bytes, const std::string& source) {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t& mine = by_source_[source];
+  if (mine >= per_source_ || jobs_.load() <= 0 || bytes_.load() < bytes) {
+    if (mine == 0) by_source_.erase(source);
     return false;
   }
-  if (bytes_.fetch_sub(bytes) < bytes) {
-    bytes_.fetch_add(bytes);
-    jobs_.fetch_add(1);
-    return false;
-  }
+  ++mine;
+  jobs_.fetch_sub(1);
+  bytes_.fetch_sub(bytes);
   return true;
 }
 
-void Budget::release(int64_t bytes) {
+void Budget::release(int64_t bytes, const std::string& source) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = by_source_.find(source);
+  if (it != by_source_.end() && --it->second <= 0) by_source_.erase(it);
   bytes_.fetch_add(bytes);
   jobs_.fetch_add(1);
 }
@@ -48,19 +73,24 @@ struct Engine::Shadow {
   uint64_t t_open = 0;
   uint32_t op = 0;
   uint16_t count = 0;
+  uint16_t lanes = 0;
   MsgType type = MsgType::kDataValue;
   WireInt enc = WireInt::kNone;
   uint8_t bits = 0;
   uint8_t table = 0;
   uint8_t state = kFree;
-  uint32_t* lanes = nullptr;  // kLanes registers; sums wrap modulo 2^32
+  uint32_t* reg = nullptr;  // job.L registers; sums wrap modulo 2^32
 };
 
 namespace {
+// An op's ring entry: its membership decision, and where it starts (for rejoining workers).
 struct OpRecord {
   uint32_t op = 0;
-  bool valid = false;
+  bool used = false;
+  bool decided = false;
+  bool first_known = false;
   uint64_t members = 0;
+  uint64_t first_seq = 0;
 };
 struct Table {
   bool valid = false;
@@ -68,43 +98,68 @@ struct Table {
   WireInt sum = WireInt::kNone;
   int32_t values[proto::kMaxTableEntries] = {};
 };
+struct OpenRef {
+  uint32_t idx;  // slot * 2 + shadow
+  uint64_t seq;
+};
 }  // namespace
 
 struct Engine::Job {
-  uint32_t id = 0;
-  uint64_t token = 0;
+  JobKey key{};
+  auth::TagKey jkey, dkey;
   uint16_t n = 0, k = 0;
   uint32_t qt_us = 0;
   uint32_t S = 0;
+  int L = 0;            // max lanes per packet
+  int budget = 0;       // payload budget, bytes
   uint64_t all = 0;
   uint64_t joined = 0, left = 0;
+  uint64_t view = 0;    // workers the job currently waits for (see engine.h)
   uint64_t seed = 0;
   uint64_t last_active = 0;
   int64_t footprint = 0;
+  std::string source;   // creator's host, for the per-source budget
   PeerAddr peer[proto::kMaxWorkers];
+  uint64_t ctl_nonce[proto::kMaxWorkers] = {};
+  uint64_t heard[proto::kMaxWorkers] = {};  // last time a verified packet came from each worker
   Table tables[proto::kTableIds];
   // Two shadow sets per slot: while one holds a finished result that slow workers may still
   // ask for, the other takes the next use of the slot.
   std::vector<Shadow> shadows;  // [slot * 2 + shadow]
-  std::vector<uint32_t> lanes;  // [(slot * 2 + shadow) * kLanes + lane]
-  // Op membership decisions, a ring indexed by op % size. In-flight ops span at most 2S packets
-  // (a shadow set is not reused before every worker passed it), hence at most 2S ops: 4S
-  // entries never alias a live op.
+  std::vector<uint32_t> regs;   // [(slot * 2 + shadow) * L + lane]
+  // Op records, a ring indexed by op % size. Ops in flight among the view span at most 2S
+  // packets (a shadow set is not reused before every view member passed it), hence at most 2S
+  // ops: 4S entries never alias a live op.
   std::vector<OpRecord> ops;
+  std::vector<OpenRef> open;  // this job's open shadow sets (stale entries are pruned in tick)
+  bool any_op = false;
+  uint32_t max_op = 0;        // newest op any worker sent
+  uint64_t last_decided_op = 0;
+  bool any_decided = false;
 
-  Shadow& sh(uint32_t slot, int shadow) { return shadows[slot * 2u + static_cast<uint32_t>(shadow)]; }
+  Shadow& sh(uint32_t idx) { return shadows[idx]; }
   OpRecord* find_op(uint32_t op) {
     OpRecord& r = ops[op % ops.size()];
-    return r.valid && r.op == op ? &r : nullptr;
+    return r.used && r.op == op ? &r : nullptr;
   }
-  static int64_t footprint_for(uint32_t S) {
-    return static_cast<int64_t>(sizeof(Job) + S * 2ull * (sizeof(Shadow) + proto::kLanes * 4ull) +
+  OpRecord& op_entry(uint32_t op) {
+    OpRecord& r = ops[op % ops.size()];
+    if (!r.used || r.op != op) r = OpRecord{op, true, false, false, 0, 0};
+    return r;
+  }
+  static int64_t footprint_for(uint32_t S, int L) {
+    return static_cast<int64_t>(sizeof(Job) + S * 2ull * (sizeof(Shadow) + static_cast<uint64_t>(L) * 4ull) +
                                 S * 4ull * sizeof(OpRecord));
   }
 };
 
-Engine::Engine(const EngineConfig& cfg, Stats* stats) : cfg_(cfg), stats_(stats), budget_(cfg.budget) {
+Engine::Engine(const EngineConfig& cfg, Stats* stats)
+    : cfg_(cfg), stats_(stats), budget_(cfg.budget), keys_(cfg.keys), cookies_(cfg.cookie_bucket_us) {
   if (!budget_) budget_ = std::make_shared<Budget>(64, int64_t{1} << 30);
+  if (!keys_) keys_ = std::make_shared<auth::KeyRing>();
+  if (cfg_.shards < 1) cfg_.shards = 1;
+  cfg_.max_lanes = std::clamp(cfg_.max_lanes - cfg_.max_lanes % proto::kLaneQuantum, proto::kLaneQuantum, proto::kMaxLanes);
+  cfg_.payload_budget = std::clamp(cfg_.payload_budget, proto::kLaneQuantum / 2, proto::kMaxPayloadBudget);
   seed_state_ = cfg.seed;
   if (seed_state_ == 0) {
     std::random_device rd;
@@ -114,33 +169,47 @@ Engine::Engine(const EngineConfig& cfg, Stats* stats) : cfg_(cfg), stats_(stats)
 }
 
 Engine::~Engine() {
-  for (auto& kv : jobs_) budget_->release(kv.second->footprint);
+  for (auto& kv : jobs_) budget_->release(kv.second->footprint, kv.second->source);
 }
 
-void Engine::send_packet(const PeerAddr& to, const uint8_t* p, size_t n, Sink& out) {
+uint64_t Engine::new_seed(uint64_t job) {
+  uint64_t s = seed_state_ ^ (job * 0x9E3779B97F4A7C15ull) ^ stats_->jobs_created.get();
+  uint64_t v = splitmix64(s);
+  seed_state_ = s;
+  return v ? v : 1;
+}
+
+Engine::Job* Engine::find(uint64_t id, uint16_t shard) {
+  auto it = jobs_.find(JobKey{id, shard});
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void Engine::send_packet(const PeerAddr& to, uint8_t* p, size_t n, const auth::TagKey* key, Sink& out) {
+  if (key) auth::sign(*key, p, n);
   stats_->tx_packets.add();
   stats_->tx_bytes.add(n);
   out.send(to, p, n);
 }
 
-void Engine::reply_error(const Header& h, ErrorCode code, const PeerAddr& to, Sink& out) {
+void Engine::reply_error(const Job* j, const Header& h, ErrorCode code, const auth::TagKey& key, const PeerAddr& to,
+                         Sink& out) {
   Header r;
   r.type = MsgType::kError;
   r.job = h.job;
+  r.shard = h.shard;
   r.worker = h.worker < proto::kMaxWorkers ? h.worker : 0;
-  r.nworkers = h.nworkers <= proto::kMaxWorkers ? h.nworkers : 0;
+  r.nworkers = j ? j->n : (h.nworkers <= proto::kMaxWorkers ? h.nworkers : 0);
   r.slot = h.slot;
   r.shadow = h.shadow;
-  r.token = h.token;
   r.seq = h.seq;
   r.op = h.op;
   r.aux = static_cast<uint32_t>(code);
   uint8_t b[proto::kHeaderBytes];
   proto::write_header(r, b, sizeof b);
-  send_packet(to, b, sizeof b, out);
+  send_packet(to, b, sizeof b, &key, out);
 }
 
-void Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now, Sink& out) {
+bool Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now, Sink& out) {
   stats_->rx_packets.add();
   stats_->rx_bytes.add(len);
   Header h;
@@ -148,87 +217,118 @@ void Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint6
   size_t plen = 0;
   const proto::ParseError e = proto::parse(data, len, &h, &pl, &plen);
   if (e != proto::ParseError::kOk) {
+    // No reply of any kind: an unauthenticated source learns nothing (not even our version).
     drop(static_cast<Drop>(static_cast<int>(e) - 1));
-    if (e == proto::ParseError::kBadVersion) {
-      // Tell an old/new client why it gets nothing back; the fixed offsets of job, worker and
-      // seq are part of the version-independent prefix (README "Versioning").
-      Header r;
-      r.job = proto::load_be32(data + 8);
-      r.worker = proto::load_be16(data + 12);
-      r.nworkers = proto::load_be16(data + 14);
-      r.seq = proto::load_be64(data + 32);
-      r.token = proto::load_be64(data + 24);
-      reply_error(r, ErrorCode::kBadVersion, from, out);
-    }
-    return;
+    return false;
+  }
+  if (h.shard >= cfg_.shards) {
+    drop(Drop::kBadField);
+    return false;
   }
   switch (h.type) {
-    case MsgType::kJoin: return on_join(h, pl, plen, from, now, out);
-    case MsgType::kTable: return on_table(h, pl, plen, from, now, out);
-    case MsgType::kLeave: return on_leave(h, from, out);
-    case MsgType::kStats: return on_stats(h, from, out);
+    case MsgType::kJoin: return on_join(h, data, len, pl, plen, from, now, out);
+    case MsgType::kTable:
+    case MsgType::kLeave: return on_control(h, data, len, pl, plen, from, now, out);
+    case MsgType::kStats: return on_stats(h, data, len, from, out);
     case MsgType::kDataValue:
     case MsgType::kDataIndex:
-    case MsgType::kDataMax: return on_data(h, pl, from, now, out);
-    default: drop(Drop::kWrongDirection); return;
+    case MsgType::kDataMax: return on_data(h, data, len, pl, from, now, out);
+    default: drop(Drop::kWrongDirection); return false;
   }
 }
 
-void Engine::on_join(const Header& h, const uint8_t* pl, size_t plen, const PeerAddr& from, uint64_t now, Sink& out) {
+bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+                     const PeerAddr& from, uint64_t now, Sink& out) {
+  const uint32_t kid = proto::job_key_id(h.job);
+  const auth::Key* tenant = kid == auth::kOperatorKeyId ? nullptr : keys_->find(kid);
+  Job* j = find(h.job, h.shard);
+  // The join key is derived from the tenant key; an existing job has it at hand.
+  auth::TagKey jkey;
+  if (j) {
+    jkey = j->jkey;
+  } else if (tenant) {
+    jkey = auth::join_key(*tenant, h.job);
+  } else {
+    drop(Drop::kBadTag);
+    return false;
+  }
+  if (!auth::verify(jkey, data, len)) {
+    drop(Drop::kBadTag);
+    return false;
+  }
   proto::JoinBody b;
   const proto::ParseError e = proto::parse_join(pl, plen, h.nworkers, &b);
   if (e != proto::ParseError::kOk) {
     drop(static_cast<Drop>(static_cast<int>(e) - 1));
-    return;
+    return true;
   }
-  auto it = jobs_.find(h.job);
-  Job* j = it == jobs_.end() ? nullptr : it->second.get();
-  if (j == nullptr) {
+  // Return routability: only a JOIN carrying the cookie of its own source address changes state,
+  // so a replayed JOIN from a spoofed address cannot redirect a worker's results.
+  if (!cookies_.check(&from.ss, from.len, h.job, h.worker, now, b.cookie)) {
+    drop(Drop::kCookie);
+    Header r;
+    r.type = MsgType::kChallenge;
+    r.job = h.job;
+    r.shard = h.shard;
+    r.worker = h.worker;
+    r.nworkers = h.nworkers;
+    r.seq = h.seq;
+    uint8_t* p = buf_.data();
+    size_t n = proto::write_header(r, p, buf_.size());
+    cookies_.make(&from.ss, from.len, h.job, h.worker, now, p + n);
+    n += proto::kCookieBytes;
+    stats_->challenges.add();
+    send_packet(from, p, n, &jkey, out);  // smaller than the JOIN it answers
+    return true;
+  }
+  if (!j) {
     const uint32_t S = std::max<uint32_t>(1, std::min<uint32_t>({b.slots, cfg_.max_slots_per_job,
                                                                  static_cast<uint32_t>(proto::kMaxSlots)}));
-    const int64_t fp = Job::footprint_for(S);
-    if (!budget_->reserve(fp)) {
+    int L = std::min<int>(b.max_lanes, cfg_.max_lanes);
+    L -= L % proto::kLaneQuantum;
+    const int budget = std::min<int>(b.payload_budget, cfg_.payload_budget);
+    const int64_t fp = Job::footprint_for(S, L);
+    const std::string src = host_of(from);
+    if (L < proto::kLaneQuantum || !budget_->reserve(fp, src)) {
       drop(Drop::kNoResources);
-      reply_error(h, ErrorCode::kNoResources, from, out);
-      return;
+      reply_error(nullptr, h, ErrorCode::kNoResources, jkey, from, out);
+      return true;
     }
     auto nj = std::make_unique<Job>();
-    nj->id = h.job;
-    nj->token = h.token;
+    nj->key = JobKey{h.job, h.shard};
+    nj->jkey = jkey;
     nj->n = h.nworkers;
     nj->k = b.quorum;
     nj->qt_us = b.quorum_timeout_us;
     nj->S = S;
+    nj->L = L;
+    nj->budget = budget;
     nj->all = all_mask(h.nworkers);
-    uint64_t s = seed_state_ ^ (uint64_t{h.job} << 32) ^ stats_->jobs_created.get();
-    nj->seed = splitmix64(s);
-    seed_state_ = s;
-    if (nj->seed == 0) nj->seed = 1;
+    nj->view = nj->all;
+    nj->seed = new_seed(h.job);
+    nj->dkey = auth::data_key(*tenant, h.job, nj->seed);
     nj->footprint = fp;
+    nj->source = src;
     nj->shadows.resize(S * 2u);
-    nj->lanes.assign(S * 2ull * proto::kLanes, 0);
-    for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].lanes = nj->lanes.data() + i * proto::kLanes;
+    nj->regs.assign(S * 2ull * static_cast<uint64_t>(L), 0);
+    for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L;
     nj->ops.resize(S * 4ull);
     memory_ += fp;
     stats_->jobs_created.add();
     j = nj.get();
-    jobs_.emplace(h.job, std::move(nj));
-  } else {
-    if (h.token != j->token) {
-      drop(Drop::kBadToken);
-      reply_error(h, ErrorCode::kBadToken, from, out);
-      return;
-    }
-    if (h.nworkers != j->n || b.quorum != j->k || b.quorum_timeout_us != j->qt_us) {
-      drop(Drop::kConfigMismatch);
-      reply_error(h, ErrorCode::kConfigMismatch, from, out);
-      return;
-    }
+    jobs_.emplace(nj->key, std::move(nj));
+  } else if (h.nworkers != j->n || b.quorum != j->k || b.quorum_timeout_us != j->qt_us || b.max_lanes < j->L ||
+             b.payload_budget < j->budget) {
+    drop(Drop::kConfigMismatch);
+    reply_error(j, h, ErrorCode::kConfigMismatch, jkey, from, out);
+    return true;
   }
   const uint64_t bit = uint64_t{1} << h.worker;
   j->joined |= bit;
   j->left &= ~bit;
   j->peer[h.worker] = from;
+  j->ctl_nonce[h.worker] = h.seq;
+  j->heard[h.worker] = now;
   j->last_active = now;
   if (b.table.bits) {
     Table& t = j->tables[b.table.id];
@@ -239,117 +339,135 @@ void Engine::on_join(const Header& h, const uint8_t* pl, size_t plen, const Peer
   }
   Header r;
   r.type = MsgType::kJoinAck;
-  r.job = j->id;
+  r.job = j->key.id;
+  r.shard = h.shard;
   r.worker = h.worker;
   r.nworkers = j->n;
-  r.token = j->token;
   r.seq = h.seq;
   proto::JoinAckBody a;
   a.seed = j->seed;
   a.slots = static_cast<uint16_t>(j->S);
-  a.lanes = proto::kLanes;
+  a.max_lanes = static_cast<uint16_t>(j->L);
+  a.payload_budget = static_cast<uint16_t>(j->budget);
   a.nworkers = j->n;
   a.quorum = j->k;
+  a.shards = cfg_.shards;
   a.quorum_timeout_us = j->qt_us;
+  if (!(b.flags & proto::kJoinRejoin) || !j->any_op) {
+    a.resume_flags = proto::kResumeKnown;  // from the start: op 0 at seq 0
+  } else {
+    // A worker rejoining a job under way (left behind, or restarted) starts with the newest op if
+    // it has started and is not decided yet (it can still be counted there), else with the op
+    // after it, whose first seq is known once somebody sent its first packet (kFlagFirst); until
+    // then the worker asks again.
+    const OpRecord* cur = j->find_op(j->max_op);
+    if (cur && cur->first_known && !cur->decided) {
+      a.resume_op = j->max_op;
+      a.resume_seq = cur->first_seq;
+      a.resume_flags = proto::kResumeKnown;
+    } else {
+      a.resume_op = j->max_op + 1;
+    }
+  }
   uint8_t* p = buf_.data();
   size_t n = proto::write_header(r, p, buf_.size());
   n += proto::write_join_ack(a, p + n, buf_.size() - n);
-  send_packet(from, p, n, out);
+  send_packet(from, p, n, &jkey, out);
+  return true;
 }
 
-Engine::Job* Engine::auth(const Header& h, const PeerAddr& from, Sink& out) {
-  auto it = jobs_.find(h.job);
-  if (it == jobs_.end()) {
-    drop(Drop::kUnknownJob);
-    reply_error(h, ErrorCode::kUnknownJob, from, out);
-    return nullptr;
+bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+                        const PeerAddr& from, uint64_t now, Sink& out) {
+  Job* j = find(h.job, h.shard);
+  if (!j) {
+    drop(Drop::kUnknownJob);  // unverifiable: no reply
+    return false;
   }
-  Job* j = it->second.get();
-  if (h.token != j->token) {
-    drop(Drop::kBadToken);
-    reply_error(h, ErrorCode::kBadToken, from, out);
-    return nullptr;
+  if (!auth::verify(j->dkey, data, len)) {
+    drop(Drop::kBadTag);
+    return false;
   }
   const uint64_t bit = uint64_t{1} << h.worker;
-  if (h.nworkers != j->n || !(j->joined & bit) || (j->left & bit)) {
+  if (h.nworkers != j->n || !(j->joined & bit)) {
+    // A key holder's packet, but from a worker that never joined: it has no registered address,
+    // so the (header-sized, never larger) error goes to the source.
     drop(Drop::kBadWorker);
-    reply_error(h, ErrorCode::kBadWorker, from, out);
-    return nullptr;
+    reply_error(j, h, ErrorCode::kBadWorker, j->dkey, (j->joined & bit) ? j->peer[h.worker] : from, out);
+    return true;
   }
-  return j;
-}
-
-void Engine::on_table(const Header& h, const uint8_t* pl, size_t plen, const PeerAddr& from, uint64_t now, Sink& out) {
-  proto::TableSpec t;
-  const proto::ParseError e = proto::parse_table(pl, plen, &t);
-  if (e != proto::ParseError::kOk) {
-    drop(static_cast<Drop>(static_cast<int>(e) - 1));
-    return;
+  // Control nonces grow per worker; the same nonce again is a retransmission (its ack was lost)
+  // and is answered again without acting twice; an older one is a replay.
+  const bool repeat = h.seq == j->ctl_nonce[h.worker];
+  if (h.seq < j->ctl_nonce[h.worker]) {
+    drop(Drop::kReplay);
+    return true;
   }
-  Job* j = auth(h, from, out);
-  if (!j) return;
-  // Re-installing an id is safe without a barrier: a client only recycles an id after its own
-  // earlier requests completed, and then every slot of those ops is Done (README "Tables").
-  Table& x = j->tables[t.id];
-  x.valid = true;
-  x.bits = t.bits;
-  x.sum = t.sum;
-  std::memcpy(x.values, t.values, sizeof x.values);
-  j->peer[h.worker] = from;
+  j->heard[h.worker] = now;
   j->last_active = now;
   Header r;
-  r.type = MsgType::kTableAck;
-  r.job = j->id;
+  r.job = j->key.id;
+  r.shard = h.shard;
   r.worker = h.worker;
   r.nworkers = j->n;
-  r.token = j->token;
   r.seq = h.seq;
-  uint8_t b[proto::kHeaderBytes];
-  proto::write_header(r, b, sizeof b);
-  send_packet(from, b, sizeof b, out);
-}
-
-void Engine::on_leave(const Header& h, const PeerAddr& from, Sink& out) {
-  auto it = jobs_.find(h.job);
-  if (it != jobs_.end()) {
-    Job* j = it->second.get();
-    if (h.token != j->token) {
-      drop(Drop::kBadToken);
-      reply_error(h, ErrorCode::kBadToken, from, out);
-      return;
+  const PeerAddr to = j->peer[h.worker];
+  if (h.type == MsgType::kTable) {
+    proto::TableSpec t;
+    const proto::ParseError e = proto::parse_table(pl, plen, &t);
+    if (e != proto::ParseError::kOk) {
+      drop(static_cast<Drop>(static_cast<int>(e) - 1));
+      return true;
     }
-    if (h.nworkers != j->n) {
-      drop(Drop::kBadWorker);
-      reply_error(h, ErrorCode::kBadWorker, from, out);
-      return;
+    if (!repeat) {
+      // Re-installing an id is safe without a barrier: a client only recycles an id after its own
+      // earlier requests completed, and then every slot of those ops is Done (README "Tables").
+      Table& x = j->tables[t.id];
+      x.valid = true;
+      x.bits = t.bits;
+      x.sum = t.sum;
+      std::memcpy(x.values, t.values, sizeof x.values);
+      j->ctl_nonce[h.worker] = h.seq;
     }
-    j->left |= uint64_t{1} << h.worker;
-    if ((j->left & j->joined) == j->joined) free_job(h.job);
+    r.type = MsgType::kTableAck;
+    uint8_t b[proto::kHeaderBytes];
+    proto::write_header(r, b, sizeof b);
+    send_packet(to, b, sizeof b, &j->dkey, out);
+    return true;
   }
-  // A LEAVE for a job that is already gone is acknowledged: it is a retransmission whose ack was
-  // lost after the last worker freed the job.
-  Header r;
+  // LEAVE
+  j->ctl_nonce[h.worker] = h.seq;
+  j->left |= bit;
+  const auth::TagKey dkey = j->dkey;
+  const bool all_left = (j->left & j->joined) == j->joined;
   r.type = MsgType::kLeaveAck;
-  r.job = h.job;
-  r.worker = h.worker;
-  r.nworkers = h.nworkers;
-  r.token = h.token;
-  r.seq = h.seq;
   uint8_t b[proto::kHeaderBytes];
   proto::write_header(r, b, sizeof b);
-  send_packet(from, b, sizeof b, out);
+  send_packet(to, b, sizeof b, &dkey, out);
+  if (all_left) free_job(j->key);
+  return true;
 }
 
-void Engine::on_stats(const Header& h, const PeerAddr& from, Sink& out) {
+bool Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out) {
+  const auth::Key* op = keys_->find(auth::kOperatorKeyId);
+  const bool local = cfg_.stats_from_loopback && is_loopback(from);
+  auth::TagKey skey;
+  bool tagged = false;
+  if (op && proto::job_key_id(h.job) == auth::kOperatorKeyId) {
+    skey = auth::stats_key(*op);
+    tagged = auth::verify(skey, data, len);
+  }
+  if (!local && !tagged) {
+    drop(Drop::kStatsDenied);
+    return false;
+  }
   std::vector<uint64_t> v = cfg_.stats_snapshot ? cfg_.stats_snapshot() : stats_values(*stats_);
   if (v.size() > proto::kMaxStatsCounters) v.resize(proto::kMaxStatsCounters);
-  if (v.empty()) return;
+  if (v.empty()) return true;
   Header r;
   r.type = MsgType::kStatsReply;
   r.job = h.job;
   r.worker = h.worker;
   r.nworkers = h.nworkers;
-  r.token = h.token;
   r.seq = h.seq;
   r.aux = static_cast<uint32_t>(v.size());
   uint8_t* p = buf_.data();
@@ -358,11 +476,12 @@ void Engine::on_stats(const Header& h, const PeerAddr& from, Sink& out) {
     proto::store_be64(p + n, x);
     n += 8;
   }
-  send_packet(from, p, n, out);
+  send_packet(from, p, n, tagged ? &skey : nullptr, out);
+  return true;
 }
 
 void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, bool subtract) {
-  uint32_t* L = sh.lanes;
+  uint32_t* L = sh.reg;
   const int cnt = h.count;
   switch (h.type) {
     case MsgType::kDataValue: {
@@ -405,111 +524,200 @@ void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, 
   }
 }
 
-void Engine::send_result(Job& j, uint32_t slot, const Shadow& sh, uint64_t to_mask, bool resend, Sink& out) {
+void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out) {
+  const Shadow& sh = j.sh(idx);
   Header r;
   r.type = MsgType::kResult;
-  r.job = j.id;
+  r.job = j.key.id;
+  r.shard = j.key.shard;
   r.nworkers = j.n;
-  r.slot = static_cast<uint16_t>(slot);
-  r.shadow = static_cast<uint8_t>((sh.seq / j.S) & 1);
+  r.slot = static_cast<uint16_t>(idx >> 1);
+  r.shadow = static_cast<uint8_t>(idx & 1);
+  r.lanes = sh.lanes;
   r.enc = sh.type == MsgType::kDataMax ? WireInt::kU32 : sh.enc;
   r.count = sh.count;
   r.contributors = static_cast<uint16_t>(popcount(sh.counted));
-  r.token = j.token;
   r.seq = sh.seq;
   r.op = sh.op;
   r.bitmap = sh.counted;
   uint8_t* p = buf_.data();
-  const size_t plen = proto::data_payload_bytes(MsgType::kResult, r.enc, 0);
-  for (int i = 0; i < proto::kLanes; ++i) proto::store_lane(r.enc, p + proto::kHeaderBytes, i, sh.lanes[i]);
-  for (uint64_t m = to_mask; m; m &= m - 1) {
-    const int w = __builtin_ctzll(m);
-    r.worker = static_cast<uint16_t>(w);
+  const size_t plen = proto::data_payload_bytes(MsgType::kResult, r.enc, 0, sh.lanes);
+  uint8_t* pay = p + proto::kHeaderBytes;
+  const size_t w = proto::wire_int_bytes(r.enc);
+  if (w == 1) {
+    for (int i = 0; i < sh.lanes; ++i) pay[i] = static_cast<uint8_t>(sh.reg[i]);
+  } else if (w == 2) {
+    for (int i = 0; i < sh.lanes; ++i) proto::store_be16(pay + 2 * i, static_cast<uint16_t>(sh.reg[i]));
+  } else {
+    for (int i = 0; i < sh.lanes; ++i) proto::store_be32(pay + 4 * i, sh.reg[i]);
+  }
+  // One payload hash serves every recipient; only the header differs (auth.h).
+  const uint64_t ph = auth::payload_hash(j.dkey, pay, plen);
+  for (uint64_t m = to_mask & j.joined; m; m &= m - 1) {
+    const int wk = __builtin_ctzll(m);
+    r.worker = static_cast<uint16_t>(wk);
     r.flags = static_cast<uint16_t>((r.contributors < j.n ? proto::kFlagPartial : 0) |
-                                    ((sh.counted >> w) & 1 ? 0 : proto::kFlagNotCounted));
+                                    ((sh.counted >> wk) & 1 ? 0 : proto::kFlagNotCounted));
+    r.tag = 0;
     proto::write_header(r, p, buf_.size());
-    send_packet(j.peer[w], p, proto::kHeaderBytes + plen, out);
+    proto::store_be64(p + proto::kTagOffset, auth::tag_from_hash(j.dkey, p, ph));
+    send_packet(j.peer[wk], p, proto::kHeaderBytes + plen, nullptr, out);
     stats_->results_sent.add();
     if (resend) stats_->result_resends.add();
   }
 }
 
-bool Engine::try_complete(Job& j, uint32_t slot, Shadow& sh, uint64_t now, Sink& out) {
-  if (sh.state != kOpen) return false;
-  OpRecord* rec = j.find_op(sh.op);
-  bool done;
-  if (rec) {
-    const uint64_t need = rec->members;
-    // MAX cannot take a value back out, and needs not: any superset of the members gives every
-    // recipient the same maximum.
-    done = sh.type == MsgType::kDataMax ? (sh.counted & need) == need : sh.counted == need;
-  } else {
-    done = sh.counted == j.all ||
-           (j.k < j.n && popcount(sh.counted) >= j.k && now - sh.t_open >= j.qt_us);
-  }
-  if (!done) return false;
-  const bool decided_now = rec == nullptr;
+void Engine::send_ack_not_counted(Job& j, const Header& h, Sink& out) {
+  Header a;
+  a.type = MsgType::kAck;
+  a.flags = proto::kFlagNotCounted;
+  a.job = j.key.id;
+  a.shard = j.key.shard;
+  a.worker = h.worker;
+  a.nworkers = j.n;
+  a.slot = h.slot;
+  a.shadow = h.shadow;
+  a.seq = h.seq;
+  a.op = h.op;
+  uint8_t b[proto::kHeaderBytes];
+  proto::write_header(a, b, sizeof b);
+  send_packet(j.peer[h.worker], b, sizeof b, &j.dkey, out);
+}
+
+void Engine::complete(Job& j, uint32_t idx, uint64_t counted, bool decided_now, uint64_t now, Sink& out) {
+  Shadow& sh = j.sh(idx);
   if (decided_now) {
-    OpRecord& r = j.ops[sh.op % j.ops.size()];
-    r.op = sh.op;
-    r.valid = true;
-    r.members = sh.counted;
+    OpRecord& r = j.op_entry(sh.op);
+    r.decided = true;
+    r.members = counted;
+    // The view follows the newest decision (engine.h): a left-out worker stops gating slot reuse
+    // and completions; a straggler that made it into this op is back.
+    if (!j.any_decided || sh.op >= j.last_decided_op) {
+      j.view = counted;
+      j.last_decided_op = sh.op;
+      j.any_decided = true;
+    }
   }
   sh.state = kDone;
   stats_->slots_completed.add();
   if (sh.counted != j.all) stats_->partial_completions.add();
-  send_result(j, slot, sh, sh.seen, false, out);
-  if (decided_now && sh.counted != j.all) {
+  send_result(j, idx, sh.seen, false, out);
+  if (decided_now && counted != j.all) {
     // Other open slots of this op may now hold exactly the members (software shortcut: a switch
     // completes them on the next retransmission instead).
     const uint32_t op = sh.op;
-    for (size_t i = 0; i < open_.size(); ++i) {
-      const OpenRef o = open_[i];
-      if (o.job != j.id) continue;
-      Shadow& x = j.sh(o.slot, o.shadow);
-      if (x.state == kOpen && x.seq == o.seq && x.op == op) try_complete(j, o.slot, x, now, out);
+    for (size_t i = 0; i < j.open.size(); ++i) {
+      const OpenRef o = j.open[i];
+      Shadow& x = j.sh(o.idx);
+      if (x.state == kOpen && x.seq == o.seq && x.op == op) try_complete(j, o.idx, now, out);
     }
   }
+}
+
+bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out) {
+  Shadow& sh = j.sh(idx);
+  if (sh.state != kOpen) return false;
+  const OpRecord* rec = j.find_op(sh.op);
+  if (rec && rec->decided) {
+    const uint64_t need = rec->members;
+    // MAX cannot take a value back out, and needs not: any superset of the members gives every
+    // recipient the same maximum.
+    const bool done = sh.type == MsgType::kDataMax ? (sh.counted & need) == need : sh.counted == need;
+    if (done) {
+      complete(j, idx, need, false, now, out);
+      return true;
+    }
+    // A member of the decided op stopped sending (it died inside the op): once the quorum timeout
+    // passed for this slot and every missing member has been silent that long, complete with what
+    // is here. Its bitmap differs from the op's other results, which tells every worker that the
+    // op is incomplete (the client fails that call; the job goes on without the dead worker).
+    const uint64_t missing = need & ~sh.counted;
+    if (j.k < j.n && now - sh.t_open >= j.qt_us && popcount(sh.counted & need) >= j.k) {
+      bool silent = true;
+      for (uint64_t m = missing; m; m &= m - 1)
+        if (now - j.heard[__builtin_ctzll(m)] < j.qt_us) silent = false;
+      if (silent) {
+        const uint64_t keep = sh.counted & need;
+        if (sh.counted != keep) return false;  // non-member values are retracted on retransmission
+        stats_->stuck_completions.add();
+        j.view &= ~missing;
+        complete(j, idx, keep, false, now, out);
+        return true;
+      }
+    }
+    return false;
+  }
+  const bool view_done = (sh.counted & j.view) == j.view && popcount(sh.counted) >= j.k;
+  const bool quorum_done = j.k < j.n && popcount(sh.counted) >= j.k && now - sh.t_open >= j.qt_us;
+  if (!(sh.counted == j.all || view_done || quorum_done)) return false;
+  complete(j, idx, sh.counted, true, now, out);
   return true;
 }
 
-void Engine::on_data(const Header& h, const uint8_t* pl, const PeerAddr& from, uint64_t now, Sink& out) {
-  Job* jp = auth(h, from, out);
-  if (!jp) return;
+bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
+                     uint64_t now, Sink& out) {
+  Job* jp = find(h.job, h.shard);
+  if (!jp) {
+    drop(Drop::kUnknownJob);  // unverifiable without the job's key: no reply
+    return false;
+  }
   Job& j = *jp;
+  if (!auth::verify(j.dkey, data, len)) {
+    drop(Drop::kBadTag);
+    return false;
+  }
+  const uint64_t bit = uint64_t{1} << h.worker;
+  if (h.nworkers != j.n || !(j.joined & bit) || (j.left & bit)) {
+    drop(Drop::kBadWorker);
+    reply_error(&j, h, ErrorCode::kBadWorker, j.dkey, (j.joined & bit) ? j.peer[h.worker] : from, out);
+    return true;
+  }
+  j.heard[h.worker] = now;
+  j.last_active = now;
   const uint64_t S = j.S;
   if (h.slot >= S || h.seq == kEmpty || h.seq % S != h.slot || ((h.seq / S) & 1) != h.shadow) {
     drop(Drop::kBadSlot);
-    return;
+    return true;
+  }
+  if (h.lanes != proto::lanes_for(h.type, h.enc, h.bits, j.L, j.budget)) {
+    drop(Drop::kBadLanes);
+    reply_error(&j, h, ErrorCode::kConfigMismatch, j.dkey, j.peer[h.worker], out);
+    return true;
   }
   if (h.type == MsgType::kDataIndex) {
     const Table& t = j.tables[h.aux];
     if (!t.valid || t.bits != h.bits || t.sum != h.enc) {
       drop(Drop::kNoTable);
-      reply_error(h, ErrorCode::kNoTable, from, out);
-      return;
+      reply_error(&j, h, ErrorCode::kNoTable, j.dkey, j.peer[h.worker], out);
+      return true;
     }
   }
-  j.peer[h.worker] = from;
-  j.last_active = now;
-  Shadow& sh = j.sh(h.slot, h.shadow);
+  if (!j.any_op || h.op > j.max_op) j.max_op = h.op;
+  j.any_op = true;
+  if (h.flags & proto::kFlagFirst) {
+    OpRecord& r = j.op_entry(h.op);
+    r.first_known = true;
+    r.first_seq = h.seq;
+  }
+  const uint32_t idx = static_cast<uint32_t>(h.slot) * 2u + h.shadow;
+  Shadow& sh = j.sh(idx);
   if (sh.seq == kEmpty || sh.seq < h.seq) {
     // Opening the next use of this shadow set.
     if (sh.seq != kEmpty) {
       if (sh.seq + 2 * S != h.seq) {
         drop(Drop::kBadSlot);  // a skipped use: no correct worker numbers packets like that
-        return;
+        return true;
       }
-      const Shadow& other = j.sh(h.slot, h.shadow ^ 1);
-      // Every worker sent seq - S, so every worker holds the result of seq - 2S, the result this
-      // shadow set still keeps for retransmissions.
-      if (sh.state != kDone || other.seq + S != h.seq || other.seen != j.all) {
+      const Shadow& other = j.sh(idx ^ 1u);
+      // Every view member sent seq - S, so each of them holds the result of seq - 2S, the result
+      // this shadow set still keeps for retransmissions.
+      if (sh.state != kDone || other.seq + S != h.seq || (other.seen & j.view) != j.view) {
         drop(Drop::kSlotBusy);
-        return;
+        return true;
       }
     } else if (h.seq >= 2 * S) {
-      drop(Drop::kBadSlot);
-      return;
+      drop(Drop::kBadSlot);  // the first use of a shadow set is seq < 2S
+      return true;
     }
     sh.seq = h.seq;
     sh.op = h.op;
@@ -518,33 +726,39 @@ void Engine::on_data(const Header& h, const uint8_t* pl, const PeerAddr& from, u
     sh.bits = h.bits;
     sh.table = static_cast<uint8_t>(h.type == MsgType::kDataIndex ? h.aux : 0);
     sh.count = h.count;
+    sh.lanes = h.lanes;
     sh.counted = 0;
     sh.seen = 0;
     sh.t_open = now;
     sh.state = kOpen;
-    std::memset(sh.lanes, 0, proto::kLanes * sizeof(uint32_t));
-    open_.push_back(OpenRef{j.id, h.slot, h.shadow, h.seq});
+    std::memset(sh.reg, 0, static_cast<size_t>(j.L) * sizeof(uint32_t));
+    j.open.push_back(OpenRef{idx, h.seq});
   } else if (sh.seq > h.seq) {
+    if (!(j.view & bit)) {
+      // A straggler outside the view whose slot was reused: its result is gone for good.
+      stats_->left_behind.add();
+      reply_error(&j, h, ErrorCode::kLeftBehind, j.dkey, j.peer[h.worker], out);
+      return true;
+    }
     drop(Drop::kStale);
-    return;
+    return true;
   }
   if (sh.op != h.op || sh.type != h.type || sh.enc != h.enc || sh.bits != h.bits || sh.count != h.count ||
       (h.type == MsgType::kDataIndex && sh.table != h.aux)) {
     drop(Drop::kMismatch);
-    reply_error(h, ErrorCode::kConfigMismatch, from, out);
-    return;
+    reply_error(&j, h, ErrorCode::kConfigMismatch, j.dkey, j.peer[h.worker], out);
+    return true;
   }
   if (h.flags & proto::kFlagRetransmit) stats_->retransmissions.add();
-  const uint64_t bit = uint64_t{1} << h.worker;
   const bool was_seen = (sh.seen & bit) != 0;
   sh.seen |= bit;
   if (sh.state == kDone) {
     if (!(sh.counted & bit) && !was_seen) stats_->late_not_counted.add();
-    send_result(j, h.slot, sh, bit, was_seen, out);
-    return;
+    send_result(j, idx, bit, was_seen, out);
+    return true;
   }
   const OpRecord* rec = j.find_op(h.op);
-  if (rec && !(rec->members & bit)) {
+  if (rec && rec->decided && !(rec->members & bit)) {
     // Left out of this op by an earlier partial completion.
     if ((sh.counted & bit) && h.type != MsgType::kDataMax) {
       accumulate(j, sh, h, pl, /*subtract=*/true);
@@ -552,20 +766,7 @@ void Engine::on_data(const Header& h, const uint8_t* pl, const PeerAddr& from, u
       stats_->retractions.add();
     }
     if (!was_seen) stats_->late_not_counted.add();
-    Header a;
-    a.type = MsgType::kAck;
-    a.flags = proto::kFlagNotCounted;
-    a.job = j.id;
-    a.worker = h.worker;
-    a.nworkers = j.n;
-    a.slot = h.slot;
-    a.shadow = h.shadow;
-    a.token = j.token;
-    a.seq = h.seq;
-    a.op = h.op;
-    uint8_t b[proto::kHeaderBytes];
-    proto::write_header(a, b, sizeof b);
-    send_packet(from, b, sizeof b, out);
+    send_ack_not_counted(j, h, out);
   } else if (sh.counted & bit) {
     stats_->duplicates.add();
   } else {
@@ -573,50 +774,56 @@ void Engine::on_data(const Header& h, const uint8_t* pl, const PeerAddr& from, u
     sh.counted |= bit;
     stats_->elements.add(h.count);
   }
-  try_complete(j, h.slot, sh, now, out);
+  try_complete(j, idx, now, out);
+  return true;
 }
 
-void Engine::free_job(uint32_t id) {
-  auto it = jobs_.find(id);
+void Engine::free_job(const JobKey& key) {
+  auto it = jobs_.find(key);
   if (it == jobs_.end()) return;
-  budget_->release(it->second->footprint);
+  budget_->release(it->second->footprint, it->second->source);
   memory_ -= it->second->footprint;
-  jobs_.erase(it);
+  jobs_.erase(it);  // its open list goes with it: nothing engine-wide refers to a job
   stats_->jobs_freed.add();
 }
 
 void Engine::tick(uint64_t now, Sink& out) {
-  // Pass 1: quorum timeouts (try_complete may scan open_ but never changes it).
-  for (size_t i = 0; i < open_.size(); ++i) {
-    const OpenRef o = open_[i];
-    auto it = jobs_.find(o.job);
-    if (it == jobs_.end()) continue;
-    Job& j = *it->second;
-    Shadow& sh = j.sh(o.slot, o.shadow);
-    if (sh.seq == o.seq && sh.state == kOpen) try_complete(j, o.slot, sh, now, out);
+  for (auto& kv : jobs_) {
+    Job& j = *kv.second;
+    if (j.open.empty()) continue;
+    // Quorum timeouts (try_complete may scan j.open but never changes it).
+    if (j.k < j.n) {
+      for (size_t i = 0; i < j.open.size(); ++i) {
+        const OpenRef o = j.open[i];
+        const Shadow& sh = j.sh(o.idx);
+        if (sh.seq == o.seq && sh.state == kOpen) try_complete(j, o.idx, now, out);
+      }
+    }
+    // Forget shadow sets that are no longer open in this use.
+    size_t k = 0;
+    for (size_t i = 0; i < j.open.size(); ++i) {
+      const OpenRef o = j.open[i];
+      const Shadow& sh = j.sh(o.idx);
+      if (sh.seq == o.seq && sh.state == kOpen) j.open[k++] = o;
+    }
+    j.open.resize(k);
   }
-  // Pass 2: forget slots that are no longer open.
-  size_t k = 0;
-  for (size_t i = 0; i < open_.size(); ++i) {
-    const OpenRef o = open_[i];
-    auto it = jobs_.find(o.job);
-    if (it == jobs_.end()) continue;
-    const Shadow& sh = it->second->sh(o.slot, o.shadow);
-    if (sh.seq == o.seq && sh.state == kOpen) open_[k++] = o;
-  }
-  open_.resize(k);
   if (now - last_gc_us_ >= kGcIntervalUs || now < last_gc_us_) {
     last_gc_us_ = now;
-    std::vector<uint32_t> idle;
+    std::vector<JobKey> idle;
     for (auto& kv : jobs_)
       if (now > kv.second->last_active && now - kv.second->last_active > cfg_.job_idle_timeout_us) idle.push_back(kv.first);
-    for (uint32_t id : idle) {
+    for (const JobKey& id : idle) {
       free_job(id);
       stats_->jobs_expired.add();
     }
   }
 }
 
-uint64_t Engine::tick_interval_us() const { return open_.empty() ? 100'000 : 1'000; }
+uint64_t Engine::tick_interval_us() const {
+  for (const auto& kv : jobs_)
+    if (!kv.second->open.empty() && kv.second->k < kv.second->n) return 1'000;
+  return 100'000;
+}
 
 }  // namespace thc::switch_offload

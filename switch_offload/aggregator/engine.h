@@ -1,32 +1,40 @@
 // The aggregator state machine, without sockets: datagrams in, datagrams out. One Engine serves
-// the jobs of one server thread (the UDP server shards jobs over threads; see servers/udp), so
-// nothing in here locks. Time is passed in, which makes the engine deterministic under test and
-// fuzzing.
+// the job instances one server thread owns (the servers steer every datagram of a (job, shard)
+// to one thread), so nothing in here locks. Time is passed in, which makes the engine
+// deterministic under test and fuzzing.
 //
 // Slot state machine (README.md "Slots"): packet seq p of a job lives in slot p % S, shadow set
 // (p / S) % 2. A shadow set is Free -> Open (first packet of its use) -> Done (every member
-// counted, or quorum reached at the timeout) and is reopened for p + 2S only once every worker
-// has sent p + S, which proves every worker received the result of p. Done slots answer
-// retransmissions with the stored result.
+// counted, or quorum reached at the timeout) and is reopened for p + 2S only once every worker of
+// the job's current view has sent p + S, which proves each of them received the result of p.
+// Done slots answer retransmissions with the stored result.
 //
-// Partial aggregation is decided per operation (op): the first slot of an op to complete fixes
-// the op's members (all n, or the quorum that arrived by the timeout). Every other slot of that
-// op completes exactly when its counted set equals the members, so all packets of a request carry
-// one contributor set and the decode of a whole chunk uses one count. A non-member whose packet
-// was added before the decision has it subtracted again when it retransmits (the payload is
-// identical), which keeps the slot integer-exact.
+// Partial aggregation: the first slot of an op to complete fixes the op's members (the view, or
+// the quorum that arrived by the timeout). Every other slot of that op completes exactly when its
+// counted set equals the members, so all packets of a request carry one contributor set. The
+// job's view follows the newest decision: once a straggler is left out, later slots complete as
+// soon as the view is counted (no second quorum timeout) and slot reuse no longer waits for it; a
+// straggler that catches up and is counted is back in the view. A straggler whose slot has been
+// reused since gets ERROR left-behind and rejoins at the job's frontier (JOIN_ACK resume fields).
+//
+// Every datagram is authenticated (protocol/auth.h); what does not verify is dropped without a
+// reply, and replies go to the address a verified, cookie-checked JOIN registered.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "switch_offload/aggregator/stats.h"
 #include "common/net.h"
+#include "switch_offload/aggregator/stats.h"
+#include "switch_offload/protocol/auth.h"
 #include "switch_offload/protocol/wire.h"
 
 namespace thc::switch_offload {
@@ -34,22 +42,33 @@ namespace thc::switch_offload {
 // Limits shared by every engine of a server.
 class Budget {
  public:
-  Budget(int64_t max_jobs, int64_t max_bytes) : jobs_(max_jobs), bytes_(max_bytes) {}
-  bool reserve(int64_t bytes);
-  void release(int64_t bytes);
+  Budget(int64_t max_jobs, int64_t max_bytes, int64_t max_jobs_per_source = 16)
+      : jobs_(max_jobs), bytes_(max_bytes), per_source_(max_jobs_per_source) {}
+  // A job of `bytes` created on behalf of `source` (an address without port).
+  bool reserve(int64_t bytes, const std::string& source);
+  void release(int64_t bytes, const std::string& source);
   int64_t jobs_left() const { return jobs_.load(); }
   int64_t bytes_left() const { return bytes_.load(); }
 
  private:
   std::atomic<int64_t> jobs_;
   std::atomic<int64_t> bytes_;
+  int64_t per_source_;
+  std::mutex mu_;  // job creation and release only, never the data path
+  std::map<std::string, int64_t> by_source_;
 };
 
 struct EngineConfig {
   uint32_t max_slots_per_job = 4096;
-  uint64_t job_idle_timeout_us = 600'000'000;  // a job nobody talked to for this long is freed
-  uint64_t seed = 0;                           // job seeds derive from it; 0 = random
-  std::shared_ptr<Budget> budget;              // null = a private budget of 64 jobs / 1 GiB
+  int max_lanes = proto::kMaxLanes;               // lanes per packet offered at most
+  int payload_budget = proto::kPayloadBudget1500;  // the aggregator's own path: payload bytes
+  uint64_t job_idle_timeout_us = 600'000'000;      // a job nobody talked to for this long is freed
+  uint64_t seed = 0;                               // job seeds derive from it; 0 = random
+  std::shared_ptr<Budget> budget;                  // null = a private budget of 64 jobs / 1 GiB
+  std::shared_ptr<const auth::KeyRing> keys;       // tenant keys (and operator key id 0)
+  uint16_t shards = 1;                             // job instances per job (server threads)
+  bool stats_from_loopback = true;                 // STATS without the operator key from 127/8, ::1
+  uint64_t cookie_bucket_us = 30'000'000;
   // Server-wide counters for STATS requests (the server sums its shards); null = this engine's.
   std::function<std::vector<uint64_t>()> stats_snapshot;
 };
@@ -68,8 +87,10 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // One datagram from `from`. Never throws on malformed input; drops are counted in stats.
-  void handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now_us, Sink& out);
-  // Quorum timeouts and idle-job expiry. Call at least every tick_interval_us().
+  // Returns true if the datagram was authenticated (the DPDK server learns link-layer addresses
+  // only from such datagrams).
+  bool handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now_us, Sink& out);
+  // Quorum timeouts, stuck-op recovery and idle-job expiry. Call at least every tick_interval_us().
   void tick(uint64_t now_us, Sink& out);
   // 1 ms while some open slot may complete by timeout, else 100 ms.
   uint64_t tick_interval_us() const;
@@ -81,33 +102,42 @@ class Engine {
  private:
   struct Job;
   struct Shadow;
-  struct OpenRef {
-    uint32_t job;
-    uint32_t slot;
-    uint8_t shadow;
-    uint64_t seq;
+  struct JobKey {
+    uint64_t id;
+    uint16_t shard;
+    bool operator==(const JobKey& o) const { return id == o.id && shard == o.shard; }
+  };
+  struct JobKeyHash {
+    size_t operator()(const JobKey& k) const { return std::hash<uint64_t>()(k.id * 0x9E3779B97F4A7C15ull ^ k.shard); }
   };
 
   void drop(Drop d) { stats_->drops[static_cast<int>(d)].add(); }
-  void reply_error(const proto::Header& h, proto::ErrorCode code, const PeerAddr& to, Sink& out);
-  void send_packet(const PeerAddr& to, const uint8_t* p, size_t n, Sink& out);
-  void on_join(const proto::Header& h, const uint8_t* pl, size_t plen, const PeerAddr& from, uint64_t now, Sink& out);
-  void on_table(const proto::Header& h, const uint8_t* pl, size_t plen, const PeerAddr& from, uint64_t now, Sink& out);
-  void on_leave(const proto::Header& h, const PeerAddr& from, Sink& out);
-  void on_stats(const proto::Header& h, const PeerAddr& from, Sink& out);
-  void on_data(const proto::Header& h, const uint8_t* pl, const PeerAddr& from, uint64_t now, Sink& out);
-  Job* auth(const proto::Header& h, const PeerAddr& from, Sink& out);
+  void send_packet(const PeerAddr& to, uint8_t* p, size_t n, const auth::TagKey* key, Sink& out);
+  void reply_error(const Job* j, const proto::Header& h, proto::ErrorCode code, const auth::TagKey& key,
+                   const PeerAddr& to, Sink& out);
+  bool on_join(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+               const PeerAddr& from, uint64_t now, Sink& out);
+  bool on_control(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+                  const PeerAddr& from, uint64_t now, Sink& out);
+  bool on_stats(const proto::Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out);
+  bool on_data(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
+               uint64_t now, Sink& out);
+  Job* find(uint64_t id, uint16_t shard);
   void accumulate(Job& j, Shadow& sh, const proto::Header& h, const uint8_t* pl, bool subtract);
-  bool try_complete(Job& j, uint32_t slot, Shadow& sh, uint64_t now, Sink& out);
-  void send_result(Job& j, uint32_t slot, const Shadow& sh, uint64_t to_mask, bool resend, Sink& out);
-  void free_job(uint32_t id);
+  bool try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out);
+  void complete(Job& j, uint32_t idx, uint64_t counted, bool decided_now, uint64_t now, Sink& out);
+  void send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out);
+  void send_ack_not_counted(Job& j, const proto::Header& h, Sink& out);
+  void free_job(const JobKey& key);
+  uint64_t new_seed(uint64_t job);
 
   EngineConfig cfg_;
   Stats* stats_;
   std::shared_ptr<Budget> budget_;
+  std::shared_ptr<const auth::KeyRing> keys_;
+  auth::CookieJar cookies_;
   uint64_t seed_state_ = 0;
-  std::unordered_map<uint32_t, std::unique_ptr<Job>> jobs_;
-  std::vector<OpenRef> open_;
+  std::unordered_map<JobKey, std::unique_ptr<Job>, JobKeyHash> jobs_;
   int64_t memory_ = 0;
   uint64_t last_gc_us_ = 0;
   std::vector<uint8_t> buf_;

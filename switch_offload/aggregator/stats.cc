@@ -14,7 +14,7 @@ const char* drop_name(Drop d) {
     case Drop::kBadLength: return "bad_length";
     case Drop::kWrongDirection: return "wrong_direction";
     case Drop::kUnknownJob: return "unknown_job";
-    case Drop::kBadToken: return "bad_token";
+    case Drop::kBadTag: return "bad_tag";
     case Drop::kBadWorker: return "bad_worker";
     case Drop::kBadSlot: return "bad_slot";
     case Drop::kStale: return "stale";
@@ -24,6 +24,10 @@ const char* drop_name(Drop d) {
     case Drop::kNoResources: return "no_resources";
     case Drop::kConfigMismatch: return "config_mismatch";
     case Drop::kFault: return "fault";
+    case Drop::kReplay: return "replay";
+    case Drop::kCookie: return "cookie";
+    case Drop::kStatsDenied: return "stats_denied";
+    case Drop::kBadLanes: return "bad_lanes";
     case Drop::kCount: break;
   }
   return "?";
@@ -33,7 +37,7 @@ std::vector<std::string> stats_names() {
   std::vector<std::string> n = {"rx_packets",   "rx_bytes",         "tx_packets",      "tx_bytes",
                                 "elements",     "slots_completed",  "partial_completions",
                                 "results_sent", "retransmissions",  "duplicates",      "result_resends",
-                                "late_not_counted", "retractions",  "jobs_created",    "jobs_freed",
+                                "late_not_counted", "retractions",  "left_behind", "stuck_completions", "challenges", "jobs_created",    "jobs_freed",
                                 "jobs_expired", "tx_errors",        "drops_total"};
   for (int i = 0; i < static_cast<int>(Drop::kCount); ++i) n.push_back(std::string("drop_") + drop_name(static_cast<Drop>(i)));
   return n;
@@ -46,7 +50,8 @@ std::vector<uint64_t> stats_values(const Stats& s) {
                              s.tx_bytes.get(),     s.elements.get(),        s.slots_completed.get(),
                              s.partial_completions.get(), s.results_sent.get(), s.retransmissions.get(),
                              s.duplicates.get(),   s.result_resends.get(),  s.late_not_counted.get(),
-                             s.retractions.get(),  s.jobs_created.get(),    s.jobs_freed.get(),
+                             s.retractions.get(),  s.left_behind.get(),     s.stuck_completions.get(),
+                             s.challenges.get(),   s.jobs_created.get(),    s.jobs_freed.get(),
                              s.jobs_expired.get(), s.tx_errors.get(),       total};
   for (const Counter& c : s.drops) v.push_back(c.get());
   return v;

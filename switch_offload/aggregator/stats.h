@@ -10,7 +10,8 @@
 
 namespace thc::switch_offload {
 
-// Why a datagram was dropped. The first six mirror proto::ParseError.
+// Why a datagram was dropped. The first six mirror proto::ParseError. Appended only: the order is
+// the STATS_REPLY layout.
 enum class Drop : int {
   kTruncated = 0,
   kBadMagic,
@@ -20,7 +21,7 @@ enum class Drop : int {
   kBadLength,
   kWrongDirection,  // a downstream type (RESULT, ACK, ...) sent to the aggregator
   kUnknownJob,
-  kBadToken,
+  kBadTag,          // the authentication tag does not verify (or no key for the job's key id)
   kBadWorker,       // worker >= n, n differs from the job's, not joined, or left
   kBadSlot,         // slot index >= the job's slots, or slot/shadow inconsistent with seq
   kStale,           // seq older than the slot's current use (a delayed duplicate)
@@ -30,6 +31,10 @@ enum class Drop : int {
   kNoResources,     // join refused: --max-jobs or --max-memory
   kConfigMismatch,  // join parameters differ from the existing job's
   kFault,           // server-side fault injection
+  kReplay,          // a control request older than the worker's last one (or a stale JOIN)
+  kCookie,          // JOIN without a valid address cookie (answered with CHALLENGE)
+  kStatsDenied,     // STATS neither from loopback nor tagged with the operator key
+  kBadLanes,        // lanes differ from what the job negotiated for the packet's encoding
   kCount
 };
 const char* drop_name(Drop d);
@@ -50,6 +55,9 @@ struct Stats {
   Counter result_resends;       // results re-sent for a completed slot (lost downstream)
   Counter late_not_counted;     // workers told they were not counted
   Counter retractions;          // contributions removed from a slot (worker excluded from the op)
+  Counter left_behind;          // stragglers told their slot was reused (they rejoin)
+  Counter stuck_completions;    // slots of a decided op completed without a member that stopped
+  Counter challenges;           // CHALLENGE replies (JOINs without a valid cookie)
   Counter jobs_created, jobs_freed, jobs_expired;
   Counter tx_errors;            // sendmsg failures (full socket buffer)
   Counter drops[static_cast<int>(Drop::kCount)];

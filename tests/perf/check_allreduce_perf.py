@@ -72,6 +72,13 @@ def check_rows(ctx, rows, js, dtype, op, sizes, scheme, algo=None, nmse_max=None
         if scheme == "none":
             check(abs(wire - factor * ESIZE[dtype]) < 1e-3, f"none wire {wire}")
             check(r["algo"] == "mpi", f"none algo {r['algo']}")
+        elif "wire_up_per_elem" in j and "--aggregator" in ctx.get("last_args", []):
+            # Counted datagrams: headers, the prelude and the JOIN make small sizes cost more than
+            # float32 would; the largest size must be well below it, and up/down add up.
+            check(wire > 0 and abs(wire - max(j["wire_up_per_elem"], j["wire_down_per_elem"])) < 1e-3,
+                  f"aggregator wire {wire} vs json {j}")
+            if size == max(sizes):
+                check(wire < 4.0, f"{scheme} aggregator wire {wire} B/elem at {size} B must be below float32's 4")
         else:
             check(0 < wire < factor * 4 or n == 1, f"{scheme} wire {wire} must be below float32's {factor * 4}")
             check(r["algo"] in ("int", "ps"), f"algo {r['algo']}")
@@ -86,6 +93,7 @@ def sized(ctx, args, dtype="float", op="sum", scheme="none", algo=None, nmse_max
     with tempfile.TemporaryDirectory() as d:
         jf = os.path.join(d, "rows.json")
         sizes_args = ["-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-c", "2"]
+        ctx["last_args"] = args
         p = run(ctx, sizes_args + ["-d", dtype, "-o", op, "--scheme", scheme, "--json", jf] + args, env=env)
         with open(jf) as f:
             js = json.load(f)
@@ -128,7 +136,8 @@ def case_tight_bound(ctx):
 
 
 def case_aggregator(ctx):
-    env = dict(os.environ, THC_TIMEOUT_MS="3000")
+    env = dict(os.environ, THC_TIMEOUT_MS="3000",
+               THC_AGGREGATOR_KEY="1:" + "11" * 32)
     p = run(ctx, ["-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--scheme", "thc", "--block", "1024",
                   "--aggregator", "udp://127.0.0.1:9"], expect_rc=None, env=env)
     check(p.returncode != 0 and "aggregator" in p.stderr, f"--aggregator without a server must fail clearly:\n{p.stderr}")
@@ -141,7 +150,9 @@ def case_aggregator_live(ctx):
     check(agg and os.path.exists(agg), f"THC_AGGREGATOR_BIN not set or missing: {agg}")
     with tempfile.TemporaryDirectory() as d:
         pf = os.path.join(d, "port")
-        srv = subprocess.Popen([agg, "--port", "0", "--port-file", pf, "--stats-interval", "0"],
+        keys = os.path.join(d, "keys")  # created by the aggregator (mode 0600), read by the workers
+        srv = subprocess.Popen([agg, "--key-file", keys, "--create-key-file", "--port", "0", "--port-file", pf,
+                                "--stats-interval", "0", "--threads", "2"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             for _ in range(200):
@@ -150,7 +161,7 @@ def case_aggregator_live(ctx):
                 time.sleep(0.05)
             port = int(open(pf).read().strip())
             url = f"udp://127.0.0.1:{port}"
-            base = dict(os.environ, THC_TIMEOUT_MS="20000")
+            base = dict(os.environ, THC_TIMEOUT_MS="20000", THC_AGGREGATOR_KEY_FILE=keys)
             sized(ctx, ["--block", "1024", "--aggregator", url], scheme="thc", nmse_max=0.1, env=base)
             sized(ctx, ["--block", "1024", "--aggregator", url], scheme="cnat", nmse_max=0.125, env=base)
             lossy = dict(base, THC_FAULT_DROP="0.05", THC_FAULT_DUP="0.05", THC_FAULT_REORDER="0.05")
@@ -165,7 +176,8 @@ def case_aggregator_live(ctx):
         last = [l for l in out.splitlines() if "rx_packets=" in l]
         check(last, f"no statistics line from thc-aggregator:\n{out}")
         st = dict(kv.split("=", 1) for kv in last[-1].split() if "=" in kv)
-        check(int(st.get("elements", "0")) > 0 and int(st.get("jobs_created", "0")) >= 3,
+        # Three runs, each a job with one instance per aggregator thread.
+        check(int(st.get("elements", "0")) > 0 and int(st.get("jobs_created", "0")) >= 6,
               f"thc-aggregator aggregated nothing: {last[-1]}")
 
 

@@ -1,6 +1,7 @@
-// Test support: run a real thc-aggregator process on 127.0.0.1 and an ephemeral port, query its
-// counters over the protocol, stop it with a signal. Also a tiny raw UDP socket for sending
-// hand-made (including malformed) datagrams.
+// Test support: run a real thc-aggregator process on 127.0.0.1 and an ephemeral port with a key
+// file of its own (operator key id 0, tenant key id 1), query its counters over the protocol, stop
+// it with a signal. Also a tiny raw UDP socket for sending hand-made (including malformed)
+// datagrams.
 #pragma once
 
 #include <arpa/inet.h>
@@ -112,7 +113,7 @@ class RawUdp {
   std::vector<uint8_t> recv(int ms) {
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, ms) <= 0) return {};
-    std::vector<uint8_t> b(2048);
+    std::vector<uint8_t> b(65536);
     const ssize_t n = ::recv(fd_, b.data(), b.size(), 0);
     b.resize(n > 0 ? static_cast<size_t>(n) : 0);
     return b;
@@ -122,14 +123,38 @@ class RawUdp {
   int fd_ = -1;
 };
 
+// The keys every test aggregator holds: fixed, so tests can make packets by hand.
+inline thc::switch_offload::auth::Key test_key(uint32_t id) {
+  thc::switch_offload::auth::Key k;
+  k.id = id;
+  for (size_t i = 0; i < thc::switch_offload::auth::kKeyBytes; ++i) k.bytes[i] = static_cast<uint8_t>(0xA5 ^ (i * 7) ^ (id * 13));
+  return k;
+}
+
+// A key file (mode 0600) holding the operator key and tenant keys 1 and 2; removed by the destructor.
+class TestKeyFile {
+ public:
+  TestKeyFile() : path_(temp_path("keys")) {
+    std::string err;
+    if (!thc::switch_offload::auth::write_key_file(path_, {test_key(0), test_key(1), test_key(2)}, &err))
+      throw std::runtime_error(err);
+  }
+  ~TestKeyFile() { ::unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 class AggregatorProcess {
  public:
   explicit AggregatorProcess(std::vector<std::string> extra = {}, int threads = 1) {
     const std::string bin = env_or("THC_AGGREGATOR_BIN", THC_AGGREGATOR_BIN);
     port_file_ = temp_path("port");
     log_ = temp_path("log");
-    std::vector<std::string> argv = {bin, "--port", "0", "--port-file", port_file_, "--threads", std::to_string(threads),
-                                     "--bind", "127.0.0.1", "--stats-interval", "0", "--seed", "1"};
+    std::vector<std::string> argv = {bin, "--key-file", keys_.path(), "--port", "0", "--port-file", port_file_,
+                                     "--threads", std::to_string(threads), "--bind", "127.0.0.1", "--stats-interval",
+                                     "0", "--seed", "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = spawn(argv, log_);
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -153,6 +178,9 @@ class AggregatorProcess {
     ::unlink(log_.c_str());
   }
   uint16_t port() const { return port_; }
+  const std::string& key_file() const { return keys_.path(); }
+  // THC_AGGREGATOR_KEY_FILE=... for a worker process of this aggregator.
+  std::string key_env() const { return "THC_AGGREGATOR_KEY_FILE=" + keys_.path(); }
   std::string url() const { return "udp://127.0.0.1:" + std::to_string(port_); }
   std::string output() const { return slurp(log_); }
 
@@ -172,8 +200,10 @@ class AggregatorProcess {
     for (int attempt = 0; attempt < 50; ++attempt) {
       Header h;
       h.type = MsgType::kStats;
+      h.job = make_job_id(0, 0);
       h.seq = 1000 + static_cast<uint64_t>(attempt);
-      s.send(port_, make_packet(h));
+      const thc::switch_offload::auth::TagKey sk = thc::switch_offload::auth::stats_key(test_key(0));
+      s.send(port_, make_packet(h, {}, &sk));
       for (;;) {
         auto r = s.recv(100);
         if (r.empty()) break;
@@ -193,6 +223,7 @@ class AggregatorProcess {
   uint64_t stat(const std::string& name) { return thc::switch_offload::stats_get(stats(), name); }
 
  private:
+  TestKeyFile keys_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;
   std::string port_file_, log_;

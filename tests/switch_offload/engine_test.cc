@@ -1,5 +1,7 @@
-// The aggregator state machine without sockets, on a fake clock: slot lifecycle, idempotence,
-// shadow-set reuse, partial aggregation, retraction, job isolation and resource limits.
+// The aggregator state machine without sockets, on a fake clock: authentication and the JOIN
+// handshake, slot lifecycle, idempotence, shadow-set reuse, partial aggregation with a job view
+// (stragglers, left-behind workers and their rejoin, a member that dies inside an op),
+// retraction, job isolation and resource limits.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -16,20 +18,29 @@ using namespace thc::switch_offload;
 using thc::PeerAddr;
 using namespace thc::switch_offload::proto;
 
-PeerAddr addr(int i) {
+PeerAddr addr(int i, uint32_t ip = 0x0A000001) {
   PeerAddr a;
   auto* in = reinterpret_cast<sockaddr_in*>(&a.ss);
   in->sin_family = AF_INET;
   in->sin_port = htons(static_cast<uint16_t>(50000 + i));
-  in->sin_addr.s_addr = htonl(0x7F000001);
+  in->sin_addr.s_addr = htonl(ip);
   a.len = sizeof(sockaddr_in);
   return a;
+}
+
+auth::Key test_key(uint32_t id) {
+  auth::Key k;
+  k.id = id;
+  for (size_t i = 0; i < auth::kKeyBytes; ++i) k.bytes[i] = static_cast<uint8_t>(0x33 + i * 5 + id);
+  return k;
 }
 
 struct Sent {
   PeerAddr to;
   Header h;
   std::vector<uint8_t> payload;
+  size_t len = 0;
+  std::vector<uint8_t> bytes;
 };
 
 class Capture final : public Sink {
@@ -37,6 +48,8 @@ class Capture final : public Sink {
   void send(const PeerAddr& to, const uint8_t* data, size_t len) override {
     Sent s;
     s.to = to;
+    s.len = len;
+    s.bytes.assign(data, data + len);
     const uint8_t* pl;
     size_t plen;
     ASSERT_EQ(parse(data, len, &s.h, &pl, &plen), ParseError::kOk) << "engine emitted a malformed packet";
@@ -51,29 +64,64 @@ class Capture final : public Sink {
   std::vector<Sent> out;
 };
 
+// Tofino-profile joins (256 lanes for every encoding in a 1024-byte budget) keep the packets small.
+JoinParams params(uint16_t k, uint16_t S, uint32_t qt) {
+  JoinParams p;
+  p.quorum = k;
+  p.slots = S;
+  p.quorum_timeout_us = qt;
+  p.max_lanes = kTofinoLanes;
+  p.payload_budget = kTofinoPayloadBudget;
+  return p;
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override { make_engine(64, int64_t{1} << 30); }
-  void make_engine(int jobs, int64_t bytes) {
+  void make_engine(int jobs, int64_t bytes, int per_source = 16, uint16_t shards = 1) {
     cfg.seed = 99;
     cfg.max_slots_per_job = 64;
-    cfg.budget = std::make_shared<Budget>(jobs, bytes);
+    cfg.budget = std::make_shared<Budget>(jobs, bytes, per_source);
     cfg.job_idle_timeout_us = 10'000'000;
+    cfg.keys = std::make_shared<auth::KeyRing>(std::vector<auth::Key>{test_key(0), test_key(1), test_key(2)});
+    cfg.shards = shards;
     eng = std::make_unique<Engine>(cfg, &stats);
   }
-  void feed(int from, const std::vector<uint8_t>& p) { eng->handle(p.data(), p.size(), addr(from), now, sink); }
-  // Join n workers of job j (quorum k, S slots, quorum timeout qt) and return the seeds they got.
-  std::vector<uint64_t> join_all(const JobId& j, uint16_t k, uint16_t S, uint32_t qt, const TableSpec* t = nullptr) {
+  bool feed(int from, const std::vector<uint8_t>& p) { return feed_at(addr(from), p); }
+  bool feed_at(const PeerAddr& a, const std::vector<uint8_t>& p) { return eng->handle(p.data(), p.size(), a, now, sink); }
+  JobId job(uint32_t label, uint16_t n, uint32_t key_id = 1, uint16_t shard = 0) {
+    return JobId::make(test_key(key_id), label, n, shard);
+  }
+  // The handshake of one worker: a JOIN draws a CHALLENGE with a cookie; the JOIN with the
+  // cookie gets the JOIN_ACK. Returns the JOIN_ACK body (and sets the job's data key).
+  JoinAckBody join_one(JobId* j, uint16_t w, const JoinParams& p, int from = -1) {
+    const PeerAddr a = addr(from < 0 ? w : from);
+    JoinParams q = p;
+    feed_at(a, make_join(*j, w, q, ++nonce_));
+    auto r = sink.take();
+    EXPECT_EQ(r.size(), 1u);
+    JoinAckBody ack;
+    if (r.empty()) return ack;
+    EXPECT_EQ(r[0].h.type, MsgType::kChallenge);
+    EXPECT_LT(r[0].len, make_join(*j, w, q).size()) << "a challenge is smaller than the JOIN it answers";
+    EXPECT_TRUE(auth::verify(j->jkey, r[0].bytes.data(), r[0].len));
+    q.cookie = r[0].payload.data();
+    feed_at(a, make_join(*j, w, q, ++nonce_));
+    r = sink.take();
+    EXPECT_EQ(r.size(), 1u);
+    if (r.empty()) return ack;
+    EXPECT_EQ(r[0].h.type, MsgType::kJoinAck);
+    EXPECT_TRUE(auth::verify(j->jkey, r[0].bytes.data(), r[0].len));
+    EXPECT_EQ(parse_join_ack(r[0].payload.data(), r[0].payload.size(), &ack), ParseError::kOk);
+    j->with_seed(ack.seed);
+    return ack;
+  }
+  std::vector<uint64_t> join_all(JobId* j, uint16_t k, uint16_t S, uint32_t qt, const TableSpec* t = nullptr) {
     std::vector<uint64_t> seeds;
-    for (uint16_t w = 0; w < j.nworkers; ++w) {
-      feed(w, make_join(j, w, k, S, qt, w == 0 ? t : nullptr));
-      auto r = sink.take();
-      EXPECT_EQ(r.size(), 1u);
-      if (r.empty()) continue;
-      EXPECT_EQ(r[0].h.type, MsgType::kJoinAck);
-      JoinAckBody a;
-      EXPECT_EQ(parse_join_ack(r[0].payload.data(), r[0].payload.size(), &a), ParseError::kOk);
-      seeds.push_back(a.seed);
+    for (uint16_t w = 0; w < j->nworkers; ++w) {
+      JoinParams p = params(k, S, qt);
+      p.table = w == 0 ? t : nullptr;
+      seeds.push_back(join_one(j, w, p).seed);
     }
     return seeds;
   }
@@ -90,43 +138,114 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> eng;
   Capture sink;
   uint64_t now = 1'000'000;
+  uint64_t nonce_ = 0;
 };
 
-TEST_F(EngineTest, JoinGivesEveryWorkerTheSameSeed) {
-  const JobId j{5, 42, 3};
-  auto seeds = join_all(j, 3, 8, 0);
+TEST_F(EngineTest, JoinGivesEveryWorkerTheSameSeedAndTheNegotiatedLanes) {
+  JobId j = job(5, 3);
+  auto seeds = join_all(&j, 3, 8, 0);
   ASSERT_EQ(seeds.size(), 3u);
   EXPECT_EQ(seeds[0], seeds[1]);
   EXPECT_EQ(seeds[1], seeds[2]);
   EXPECT_NE(seeds[0], 0u);
   // Re-joining is idempotent and keeps the seed.
-  EXPECT_EQ(join_all(j, 3, 8, 0)[0], seeds[0]);
+  EXPECT_EQ(join_all(&j, 3, 8, 0)[0], seeds[0]);
   // A different job gets a different seed.
-  EXPECT_NE(join_all(JobId{6, 42, 3}, 3, 8, 0)[0], seeds[0]);
+  JobId k = job(6, 3);
+  EXPECT_NE(join_all(&k, 3, 8, 0)[0], seeds[0]);
   EXPECT_EQ(stats.jobs_created.get(), 2u);
+  // A job that asks for more: the aggregator's own path (1500-byte MTU) bounds the budget.
+  JobId big = job(7, 1);
+  JoinParams p = params(1, 8, 0);
+  p.max_lanes = 8192;
+  p.payload_budget = 8000;
+  const JoinAckBody a = join_one(&big, 0, p);
+  EXPECT_EQ(a.max_lanes, 8192);
+  EXPECT_EQ(a.payload_budget, kPayloadBudget1500);
+  EXPECT_EQ(a.shards, 1);
+  const int lanes = lanes_for(MsgType::kDataIndex, WireInt::kU8, 4, a.max_lanes, a.payload_budget);
+  EXPECT_EQ(lanes, 1408);
+  // Packets of that job carry the negotiated lanes; any other count of lanes is refused.
+  feed(0, make_indices(big, 0, 8, 0, 0, WireInt::kU8, 4, 0, {1}, kTofinoLanes));
+  EXPECT_EQ(drops(Drop::kBadLanes), 1u);
+  sink.take();
 }
 
-TEST_F(EngineTest, JoinRejectsMismatchAndWrongToken) {
-  const JobId j{5, 42, 3};
-  join_all(j, 3, 8, 0);
-  feed(0, make_join(j, 0, 2, 8, 0));  // other quorum
+TEST_F(EngineTest, NothingUnauthenticatedIsAnswered) {
+  JobId j = job(5, 3);
+  join_all(&j, 3, 8, 0);
+  const size_t created = stats.jobs_created.get();
+  // A JOIN under a key the aggregator does not hold, one under the operator key, a forged tag,
+  // a data packet signed with the join key, one without any tag: all dropped without a reply.
+  JobId stranger = job(5, 3, 9);
+  JobId op = job(5, 3, 0);
+  EXPECT_FALSE(feed(2, make_join(stranger, 0, params(3, 8, 0))));
+  EXPECT_FALSE(feed(2, make_join(op, 0, params(3, 8, 0))));
+  auto forged = make_join(j, 0, params(3, 8, 0));
+  forged[kTagOffset] ^= 1;
+  EXPECT_FALSE(feed(2, forged));
+  auto wrong_key = make_values(j, 0, 8, 0, 0, WireInt::kU8, {1});
+  auth::sign(j.jkey, wrong_key.data(), wrong_key.size());
+  EXPECT_FALSE(feed(2, wrong_key));
+  EXPECT_FALSE(feed(2, make_packet(data_header(MsgType::kDataValue, j, 0, 8, 0, 0, WireInt::kU8, 1, 256),
+                                   std::vector<uint8_t>(256), nullptr)));
+  EXPECT_TRUE(sink.take().empty());
+  EXPECT_EQ(drops(Drop::kBadTag), 5u);
+  EXPECT_EQ(stats.jobs_created.get(), created);
+  // Garbage and other versions are not answered either (not even with "bad version").
+  auto v = make_values(j, 0, 8, 0, 0, WireInt::kU8, {1});
+  v[4] = 1;
+  EXPECT_FALSE(feed(2, v));
+  EXPECT_FALSE(feed(2, std::vector<uint8_t>(300, 0x5A)));
+  EXPECT_TRUE(sink.take().empty());
+}
+
+TEST_F(EngineTest, JoinNeedsTheCookieOfItsOwnAddress) {
+  JobId j = job(5, 2);
+  feed(0, make_join(j, 0, params(2, 8, 0)));
+  auto r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(r[0].h.type, MsgType::kChallenge);
+  // The cookie replayed from another address (a spoofed source) gets a challenge of its own, and
+  // creates nothing.
+  JoinParams p = params(2, 8, 0);
+  p.cookie = r[0].payload.data();
+  feed(1, make_join(j, 0, p));
+  r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.type, MsgType::kChallenge);
+  EXPECT_EQ(eng->job_count(), 0u);
+  // Cookies expire.
+  feed(0, make_join(j, 0, params(2, 8, 0)));
+  r = sink.take();
+  std::vector<uint8_t> cookie = r.at(0).payload;
+  now += 61'000'000;
+  p.cookie = cookie.data();
+  feed(0, make_join(j, 0, p));
+  EXPECT_EQ(sink.take().at(0).h.type, MsgType::kChallenge);
+  EXPECT_EQ(eng->job_count(), 0u);
+  EXPECT_EQ(drops(Drop::kCookie), 4u);
+}
+
+TEST_F(EngineTest, JoinRejectsMismatch) {
+  JobId j = job(5, 3);
+  join_all(&j, 3, 8, 0);
+  JoinParams p = params(2, 8, 0);  // other quorum
+  feed(0, make_join(j, 0, p));
+  auto ch = sink.take();
+  p.cookie = ch.at(0).payload.data();
+  feed(0, make_join(j, 0, p));
   auto r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.type, MsgType::kError);
   EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kConfigMismatch));
-  JobId bad = j;
-  bad.token = 43;
-  feed(1, make_join(bad, 1, 3, 8, 0));
-  r = sink.take();
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kBadToken));
+  EXPECT_TRUE(auth::verify(j.jkey, r[0].bytes.data(), r[0].len)) << "errors are authenticated too";
   EXPECT_EQ(drops(Drop::kConfigMismatch), 1u);
-  EXPECT_EQ(drops(Drop::kBadToken), 1u);
 }
 
 TEST_F(EngineTest, ValueSumCompletesAndResultGoesToEveryWorker) {
-  const JobId j{1, 7, 2};
-  join_all(j, 2, 4, 0);
+  JobId j = job(1, 2);
+  join_all(&j, 2, 4, 0);
   feed(0, make_values(j, 0, 4, 0, 0, WireInt::kI16, {1, 0xFFFF, 100}));
   EXPECT_TRUE(sink.take().empty()) << "no result before every worker arrived";
   feed(1, make_values(j, 1, 4, 0, 0, WireInt::kI16, {2, 0xFFFE, 0x7FFF}));
@@ -134,10 +253,12 @@ TEST_F(EngineTest, ValueSumCompletesAndResultGoesToEveryWorker) {
   ASSERT_EQ(r.size(), 2u);
   for (const Sent& s : r) {
     EXPECT_EQ(s.h.type, MsgType::kResult);
+    EXPECT_TRUE(auth::verify(j.dkey, s.bytes.data(), s.len));
     EXPECT_EQ(s.h.contributors, 2);
     EXPECT_EQ(s.h.bitmap, 0b11u);
     EXPECT_EQ(s.h.flags, 0);
     EXPECT_EQ(s.h.count, 3);
+    EXPECT_EQ(s.h.lanes, 256);
     EXPECT_EQ(load_lane(WireInt::kI16, s.payload.data(), 0), 3u);
     EXPECT_EQ(load_lane(WireInt::kI16, s.payload.data(), 1), 0xFFFDu);  // -1 + -2
     EXPECT_EQ(load_lane(WireInt::kI16, s.payload.data(), 2), 0x8063u);  // wraps like int16
@@ -148,16 +269,28 @@ TEST_F(EngineTest, ValueSumCompletesAndResultGoesToEveryWorker) {
   EXPECT_EQ(stats.slots_completed.get(), 1u);
 }
 
+TEST_F(EngineTest, RepliesGoToTheJoinedAddressOnly) {
+  JobId j = job(1, 2);
+  join_all(&j, 2, 4, 0);
+  // Worker 1's (authentic) packet arrives from elsewhere (a replay with a spoofed source): it
+  // counts, but nothing goes to that source.
+  feed(0, make_values(j, 0, 4, 0, 0, WireInt::kU8, {1}));
+  feed_at(addr(7, 0x0A0000FE), make_values(j, 1, 4, 0, 0, WireInt::kU8, {2}));
+  auto r = sink.take();
+  ASSERT_EQ(r.size(), 2u);
+  for (const Sent& s : r) EXPECT_TRUE(s.to == addr(s.h.worker)) << s.to.str();
+}
+
 TEST_F(EngineTest, IndexFormLooksUpTheInstalledTable) {
-  const JobId j{2, 9, 3};
+  JobId j = job(2, 3);
   TableSpec t;
   t.id = 1;
   t.bits = 3;
   t.sum = WireInt::kI16;
   const int32_t vals[8] = {-100, -7, -1, 0, 1, 2, 50, 1000};
   std::copy(vals, vals + 8, t.values);
-  join_all(j, 3, 4, 0);
-  feed(1, make_table(j, 1, t));
+  join_all(&j, 3, 4, 0);
+  feed(1, make_table(j, 1, t, 100));
   ASSERT_EQ(sink.take().at(0).h.type, MsgType::kTableAck);
   std::vector<std::vector<uint8_t>> codes = {{0, 1, 7, 3, 5}, {0, 2, 7, 6, 5}, {1, 4, 7, 0, 5}};
   for (uint16_t w = 0; w < 3; ++w) feed(w, make_indices(j, w, 4, 0, 0, WireInt::kI16, 3, 1, codes[w]));
@@ -175,11 +308,19 @@ TEST_F(EngineTest, IndexFormLooksUpTheInstalledTable) {
   ASSERT_EQ(e.size(), 2u);
   EXPECT_EQ(e[0].h.aux, static_cast<uint32_t>(ErrorCode::kNoTable));
   EXPECT_EQ(drops(Drop::kNoTable), 2u);
+  // A replayed older TABLE (another table under id 1) is ignored; the same nonce is re-acked.
+  TableSpec other = t;
+  other.values[0] = 5;
+  feed(1, make_table(j, 1, other, 99));
+  EXPECT_TRUE(sink.take().empty());
+  EXPECT_EQ(drops(Drop::kReplay), 1u);
+  feed(1, make_table(j, 1, t, 100));
+  EXPECT_EQ(sink.take().at(0).h.type, MsgType::kTableAck);
 }
 
 TEST_F(EngineTest, MaxCombinesByMaximum) {
-  const JobId j{3, 1, 2};
-  join_all(j, 2, 4, 0);
+  JobId j = job(3, 2);
+  join_all(&j, 2, 4, 0);
   feed(0, make_values(j, 0, 4, 0, 0, WireInt::kU32, {5, 0xFFFFFFFF, 0}, MsgType::kDataMax));
   feed(1, make_values(j, 1, 4, 0, 0, WireInt::kU32, {7, 3, 0}, MsgType::kDataMax));
   auto r = of_type(sink.take(), MsgType::kResult);
@@ -189,8 +330,8 @@ TEST_F(EngineTest, MaxCombinesByMaximum) {
 }
 
 TEST_F(EngineTest, DuplicatesAreIdempotentAndLostResultsAreResent) {
-  const JobId j{4, 1, 2};
-  join_all(j, 2, 4, 0);
+  JobId j = job(4, 2);
+  join_all(&j, 2, 4, 0);
   const auto p0 = make_values(j, 0, 4, 0, 0, WireInt::kU8, {10, 20});
   feed(0, p0);
   feed(0, p0);
@@ -210,8 +351,8 @@ TEST_F(EngineTest, DuplicatesAreIdempotentAndLostResultsAreResent) {
 }
 
 TEST_F(EngineTest, ShadowSetIsReusedOnlyAfterEveryWorkerMovedOn) {
-  const JobId j{8, 1, 2};
-  join_all(j, 2, 1, 0);  // one slot: seq 0 -> shadow 0, seq 1 -> shadow 1, seq 2 -> shadow 0 again
+  JobId j = job(8, 2);
+  join_all(&j, 2, 1, 0);  // one slot: seq 0 -> shadow 0, seq 1 -> shadow 1, seq 2 -> shadow 0 again
   for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 1, 0, 0, WireInt::kU8, {1}));
   ASSERT_EQ(of_type(sink.take(), MsgType::kResult).size(), 2u);
   feed(0, make_values(j, 0, 1, 1, 1, WireInt::kU8, {2}));  // worker 0 moves to seq 1
@@ -237,16 +378,16 @@ TEST_F(EngineTest, ShadowSetIsReusedOnlyAfterEveryWorkerMovedOn) {
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 7u);
   // Slot and shadow must agree with seq; seq may not skip a use.
-  auto bad = make_values(j, 0, 1, 3, 3, WireInt::kU8, {1});
-  bad[16] = 0;  // shadow bit cleared, but seq 3 belongs to shadow 1
-  feed(0, bad);
+  Header h = data_header(MsgType::kDataValue, j, 0, 1, 3, 3, WireInt::kU8, 1, 256);
+  h.shadow = 0;  // seq 3 belongs to shadow 1
+  feed(0, make_packet(h, std::vector<uint8_t>(256), &j.dkey));
   feed(0, make_values(j, 0, 1, 7, 7, WireInt::kU8, {1}));
   EXPECT_EQ(drops(Drop::kBadSlot), 2u);
 }
 
-TEST_F(EngineTest, QuorumTimeoutGivesPartialResultAndTellsTheLateWorker) {
-  const JobId j{9, 3, 3};
-  join_all(j, 2, 8, 1000);
+TEST_F(EngineTest, QuorumTimeoutGivesPartialResultAndTheViewGoesOn) {
+  JobId j = job(9, 3);
+  join_all(&j, 2, 8, 1000);
   // Op 0 is two packets; workers 0 and 1 send both.
   for (uint64_t seq = 0; seq < 2; ++seq)
     for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, seq, 0, WireInt::kU16, {uint32_t(10 + w), 1}));
@@ -275,19 +416,103 @@ TEST_F(EngineTest, QuorumTimeoutGivesPartialResultAndTellsTheLateWorker) {
   EXPECT_EQ(r[0].h.bitmap, 0b011u);
   EXPECT_EQ(load_lane(WireInt::kU16, r[0].payload.data(), 0), 21u);
   EXPECT_EQ(stats.late_not_counted.get(), 1u);
-  // The next op waits for everybody again (the decision is per op).
+  // The job's view is {0, 1} now: the next op completes as soon as they are counted, with no
+  // second quorum timeout.
   for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 2, 1, WireInt::kU16, {1}));
+  r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].h.bitmap, 0b011u);
+  // The straggler catches up: counted before the decision of op 2, it is back in the view.
   feed(2, make_values(j, 2, 8, 1, 0, WireInt::kU16, {100, 1}));
-  sink.take();
   feed(2, make_values(j, 2, 8, 2, 1, WireInt::kU16, {1}));
+  sink.take();
+  feed(2, make_values(j, 2, 8, 3, 2, WireInt::kU16, {1}));
+  EXPECT_TRUE(sink.take().empty());
+  for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 3, 2, WireInt::kU16, {1}));
   r = of_type(sink.take(), MsgType::kResult);
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(r[0].h.contributors, 3);
+  // ... and the view waits for it again.
+  for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 4, 3, WireInt::kU16, {1}));
+  EXPECT_TRUE(sink.take().empty());
+}
+
+TEST_F(EngineTest, FastWorkersDoNotWaitForAStragglerAndItRejoins) {
+  // Quorum 2 of 3 and 2 slots: without the view, slot reuse would wait for worker 2 after 2S = 4
+  // packets.
+  JobId j = job(11, 3);
+  join_all(&j, 2, 2, 1000);
+  const uint64_t kOps = 40;
+  for (uint64_t seq = 0; seq < kOps; ++seq) {
+    for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 2, seq, static_cast<uint32_t>(seq), WireInt::kU8, {1}, MsgType::kDataValue));
+    if (seq == 0) {
+      now += 1100;
+      eng->tick(now, sink);
+    }
+    auto r = of_type(sink.take(), MsgType::kResult);
+    ASSERT_EQ(r.size(), 2u) << "seq " << seq;
+    EXPECT_EQ(r[0].h.bitmap, 0b011u);
+  }
+  EXPECT_EQ(drops(Drop::kSlotBusy), 0u);
+  // The straggler wakes up with its op 0: the slot was reused long ago. It is told so (with an
+  // authenticated error), not left to time out.
+  feed(2, make_values(j, 2, 2, 0, 0, WireInt::kU8, {5}));
+  auto r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.type, MsgType::kError);
+  EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kLeftBehind));
+  EXPECT_TRUE(auth::verify(j.dkey, r[0].bytes.data(), r[0].len));
+  EXPECT_EQ(stats.left_behind.get(), 1u);
+  // It rejoins: the aggregator names the op after the newest one; its start is known once a
+  // worker sent that op's first packet.
+  JoinParams rj = params(2, 2, 1000);
+  rj.flags = kJoinRejoin;
+  JoinAckBody a = join_one(&j, 2, rj);
+  EXPECT_EQ(a.resume_op, kOps);
+  EXPECT_EQ(a.resume_flags, 0u);
+  auto first = make_values(j, 0, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1});
+  Header fh;
+  parse(first.data(), first.size(), &fh, nullptr, nullptr);
+  fh.flags = kFlagFirst;
+  feed(0, make_packet(fh, std::vector<uint8_t>(first.begin() + kHeaderBytes, first.end()), &j.dkey));
+  a = join_one(&j, 2, rj);
+  EXPECT_EQ(a.resume_op, kOps);
+  EXPECT_EQ(a.resume_flags, kResumeKnown);
+  EXPECT_EQ(a.resume_seq, kOps);
+  // Counted in that op before it completes: back in the job.
+  feed(2, make_values(j, 2, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1}));
+  feed(1, make_values(j, 1, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1}));
+  r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].h.contributors, 3);
+  EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 3u);
+}
+
+TEST_F(EngineTest, AMemberThatDiesInsideAnOpDoesNotStallTheJob) {
+  JobId j = job(12, 3);
+  join_all(&j, 2, 8, 1000);
+  // Op 0 has two packets; all three workers send the first: decided with everyone.
+  for (uint16_t w = 0; w < 3; ++w) feed(w, make_values(j, w, 8, 0, 0, WireInt::kU8, {1}));
+  ASSERT_EQ(of_type(sink.take(), MsgType::kResult).size(), 3u);
+  // Worker 2 dies before its second packet.
+  for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 1, 0, WireInt::kU8, {1}));
+  now += 500;
+  eng->tick(now, sink);
+  EXPECT_TRUE(sink.take().empty());
+  now += 1000;
+  eng->tick(now, sink);
+  auto r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 2u) << "completed without the silent member";
+  EXPECT_EQ(r[0].h.bitmap, 0b011u) << "its bitmap differs from the op's other result: the op is incomplete";
+  EXPECT_EQ(stats.stuck_completions.get(), 1u);
+  // The job goes on without worker 2.
+  for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 2, 1, WireInt::kU8, {1}));
+  EXPECT_EQ(of_type(sink.take(), MsgType::kResult).size(), 2u);
 }
 
 TEST_F(EngineTest, LateContributionAddedBeforeTheDecisionIsRetracted) {
-  const JobId j{10, 3, 3};
-  join_all(j, 2, 8, 1000);
+  JobId j = job(10, 3);
+  join_all(&j, 2, 8, 1000);
   // Op 0 is two packets. Slot 0 gets workers 0 and 1; slot 1 gets worker 2 (early: its first
   // packet is late) and worker 0.
   const auto w2_seq1 = make_values(j, 2, 8, 1, 0, WireInt::kU32, {1000, 1000});
@@ -324,13 +549,13 @@ TEST_F(EngineTest, LateContributionAddedBeforeTheDecisionIsRetracted) {
 }
 
 TEST_F(EngineTest, JobsAreIsolatedFromGarbageAndEachOther) {
-  const JobId a{20, 111, 2}, b{21, 222, 2};
-  join_all(a, 2, 4, 0);
-  join_all(b, 2, 4, 0);
+  JobId a = job(20, 2), b = job(21, 2);
+  join_all(&a, 2, 4, 0);
+  join_all(&b, 2, 4, 0);
   feed(0, make_values(a, 0, 4, 0, 0, WireInt::kU8, {1, 1}));
   // Noise from everywhere.
   JobId wrong = a;
-  wrong.token = 112;
+  wrong.with_seed(12345);
   feed(3, make_values(wrong, 1, 4, 0, 0, WireInt::kU8, {50, 50}));
   auto v = make_values(a, 1, 4, 0, 0, WireInt::kU8, {60, 60});
   auto ver = v;
@@ -340,23 +565,26 @@ TEST_F(EngineTest, JobsAreIsolatedFromGarbageAndEachOther) {
   feed(3, std::vector<uint8_t>(v.begin(), v.end() - 3));
   feed(3, std::vector<uint8_t>(300, 0x5A));
   feed(3, {});
-  JobId ghost{99, 1, 2};
+  JobId ghost = job(99, 2);
+  ghost.with_seed(1);
   feed(3, make_values(ghost, 0, 4, 0, 0, WireInt::kU8, {1}));
   JobId wrong_n = a;
   wrong_n.nworkers = 3;
   feed(3, make_values(wrong_n, 2, 4, 0, 0, WireInt::kU8, {1}));
+  EXPECT_EQ(sink.out.size(), 1u);  // only the authentic wrong_n packet (a key holder) is answered
+  sink.take();
   // Job b uses the same slot numbers at the same time.
   feed(0, make_values(b, 0, 4, 0, 0, WireInt::kU8, {5, 5}));
   feed(1, make_values(b, 1, 4, 0, 0, WireInt::kU8, {6, 6}));
   auto rb = of_type(sink.take(), MsgType::kResult);
   ASSERT_EQ(rb.size(), 2u);
-  EXPECT_EQ(rb[0].h.job, 21u);
+  EXPECT_EQ(rb[0].h.job, make_job_id(1, 21));
   EXPECT_EQ(load_lane(WireInt::kU8, rb[0].payload.data(), 0), 11u);
   feed(1, make_values(a, 1, 4, 0, 0, WireInt::kU8, {2, 2}));
   auto ra = of_type(sink.take(), MsgType::kResult);
   ASSERT_EQ(ra.size(), 2u);
   EXPECT_EQ(load_lane(WireInt::kU8, ra[0].payload.data(), 0), 3u);
-  EXPECT_EQ(drops(Drop::kBadToken), 1u);
+  EXPECT_EQ(drops(Drop::kBadTag), 1u);
   EXPECT_EQ(drops(Drop::kBadVersion), 1u);
   EXPECT_EQ(drops(Drop::kTruncated), 2u);  // 40 bytes and the empty datagram
   EXPECT_EQ(drops(Drop::kBadMagic), 1u);   // 300 bytes of garbage
@@ -365,32 +593,122 @@ TEST_F(EngineTest, JobsAreIsolatedFromGarbageAndEachOther) {
   EXPECT_EQ(drops(Drop::kBadWorker), 1u);
 }
 
+TEST_F(EngineTest, SameLabelUnderAnotherKeyIsAnotherJob) {
+  // Tenant 2 cannot squat tenant 1's job: the key id is part of the job id.
+  JobId t1 = job(30, 2, 1), t2 = job(30, 2, 2);
+  join_all(&t2, 2, 4, 0);
+  join_all(&t1, 2, 4, 0);
+  EXPECT_EQ(eng->job_count(), 2u);
+  feed(0, make_values(t1, 0, 4, 0, 0, WireInt::kU8, {1}));
+  feed(0, make_values(t2, 0, 4, 0, 0, WireInt::kU8, {100}));
+  feed(1, make_values(t1, 1, 4, 0, 0, WireInt::kU8, {2}));
+  auto r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 3u);
+}
+
+TEST_F(EngineTest, ShardsAreIndependentInstances) {
+  make_engine(64, int64_t{1} << 30, 16, 2);
+  JobId s0 = job(40, 2, 1, 0), s1 = job(40, 2, 1, 1);
+  EXPECT_EQ(join_one(&s0, 0, params(2, 4, 0)).shards, 2);
+  join_one(&s0, 1, params(2, 4, 0));
+  join_all(&s1, 2, 4, 0);
+  EXPECT_EQ(eng->job_count(), 2u);
+  feed(0, make_values(s0, 0, 4, 0, 0, WireInt::kU8, {1}));
+  feed(0, make_values(s1, 0, 4, 0, 0, WireInt::kU8, {10}));
+  feed(1, make_values(s1, 1, 4, 0, 0, WireInt::kU8, {20}));
+  auto r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].h.shard, 1);
+  EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 30u);
+  // A shard the aggregator does not have.
+  JobId s5 = job(40, 2, 1, 5);
+  EXPECT_FALSE(feed(0, make_join(s5, 0, params(2, 4, 0))));
+}
+
 TEST_F(EngineTest, ResourceLimitsAndLeave) {
   make_engine(1, int64_t{1} << 30);
-  const JobId a{30, 1, 2}, b{31, 1, 1};
-  join_all(a, 2, 4, 0);
-  feed(0, make_join(b, 0, 1, 4, 0));
+  JobId a = job(30, 2), b = job(31, 1);
+  join_all(&a, 2, 4, 0);
+  JoinParams p = params(1, 4, 0);
+  feed(0, make_join(b, 0, p));
+  auto ch = sink.take();
+  p.cookie = ch.at(0).payload.data();
+  feed(0, make_join(b, 0, p));
   auto r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kNoResources));
-  feed(0, make_leave(a, 0));
+  feed(0, make_leave(a, 0, 100));
   EXPECT_EQ(eng->job_count(), 1u);
-  feed(1, make_leave(a, 1));
+  feed(1, make_leave(a, 1, 100));
   EXPECT_EQ(eng->job_count(), 0u);
   EXPECT_EQ(of_type(sink.take(), MsgType::kLeaveAck).size(), 2u);
-  feed(1, make_leave(a, 1));  // retransmitted LEAVE for a freed job is still acknowledged
-  EXPECT_EQ(of_type(sink.take(), MsgType::kLeaveAck).size(), 1u);
-  join_all(b, 1, 4, 0);
+  // A LEAVE for a freed job cannot be verified any more: silence (the worker's bounded wait
+  // gives up; it was the last anyway).
+  feed(1, make_leave(a, 1, 101));
+  EXPECT_TRUE(sink.take().empty());
+  join_all(&b, 1, 4, 0);
   EXPECT_EQ(eng->job_count(), 1u);
   // Memory: a job whose slots do not fit is refused.
   make_engine(8, 64 * 1024);
-  feed(0, make_join(JobId{40, 1, 1}, 0, 1, 64, 0));
+  JobId c = job(40, 1);
+  JoinParams big = params(1, 64, 0);
+  feed(0, make_join(c, 0, big));
+  ch = sink.take();
+  big.cookie = ch.at(0).payload.data();
+  feed(0, make_join(c, 0, big));
   EXPECT_EQ(sink.take().at(0).h.aux, static_cast<uint32_t>(ErrorCode::kNoResources));
   EXPECT_EQ(eng->job_count(), 0u);
 }
 
+TEST_F(EngineTest, OneSourceCannotTakeEveryJob) {
+  make_engine(64, int64_t{1} << 30, 2);
+  for (uint32_t label = 1; label <= 3; ++label) {
+    JobId j = job(label, 1);
+    JoinParams p = params(1, 4, 0);
+    feed(0, make_join(j, 0, p));
+    auto ch = sink.take();
+    p.cookie = ch.at(0).payload.data();
+    feed(0, make_join(j, 0, p));
+    auto r = sink.take();
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].h.type, label <= 2 ? MsgType::kJoinAck : MsgType::kError) << label;
+  }
+  EXPECT_EQ(eng->job_count(), 2u);
+  // Another source still can.
+  JobId k = job(10, 1);
+  JoinParams p = params(1, 4, 0);
+  const PeerAddr other = addr(5, 0x0A000009);
+  feed_at(other, make_join(k, 0, p));
+  auto ch = sink.take();
+  p.cookie = ch.at(0).payload.data();
+  feed_at(other, make_join(k, 0, p));
+  EXPECT_EQ(sink.take().at(0).h.type, MsgType::kJoinAck);
+}
+
+TEST_F(EngineTest, StatsNeedTheOperatorKeyOrLoopback) {
+  Header h;
+  h.type = MsgType::kStats;
+  h.job = make_job_id(0, 0);
+  h.seq = 5;
+  EXPECT_FALSE(feed(0, make_packet(h, {}, nullptr)));
+  auto t1 = auth::stats_key(test_key(1));  // a tenant key is not the operator key
+  EXPECT_FALSE(feed(0, make_packet(h, {}, &t1)));
+  EXPECT_TRUE(sink.take().empty());
+  EXPECT_EQ(drops(Drop::kStatsDenied), 2u);
+  auto op = auth::stats_key(test_key(0));
+  EXPECT_TRUE(feed(0, make_packet(h, {}, &op)));
+  auto r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.type, MsgType::kStatsReply);
+  EXPECT_TRUE(auth::verify(op, r[0].bytes.data(), r[0].len));
+  EXPECT_TRUE(feed_at(addr(0, 0x7F000001), make_packet(h, {}, nullptr)));
+  EXPECT_EQ(sink.take().size(), 1u);
+}
+
 TEST_F(EngineTest, IdleJobsExpire) {
-  join_all(JobId{50, 1, 2}, 2, 4, 0);
+  JobId j = job(50, 2);
+  join_all(&j, 2, 4, 0);
   now += 5'000'000;
   eng->tick(now, sink);
   EXPECT_EQ(eng->job_count(), 1u);
@@ -401,9 +719,28 @@ TEST_F(EngineTest, IdleJobsExpire) {
   EXPECT_EQ(eng->memory_bytes(), 0);
 }
 
+TEST_F(EngineTest, AFreedJobIdJoinedAgainWithFewerSlotsIsSafe) {
+  // Regression (issue 07): version 1 kept a freed job's open slots in an engine-wide list; the
+  // same id joined again with fewer slots made tick() read past the new job's shadows.
+  JobId j = job(60, 2);
+  join_all(&j, 1, 8, 100);
+  for (uint64_t seq = 0; seq < 8; ++seq) feed(0, make_values(j, 0, 8, seq, static_cast<uint32_t>(seq), WireInt::kU8, {1}));
+  feed(0, make_leave(j, 0, 100));
+  feed(1, make_leave(j, 1, 100));
+  EXPECT_EQ(eng->job_count(), 0u);
+  sink.take();
+  join_all(&j, 1, 1, 100);
+  now += 1000;
+  eng->tick(now, sink);
+  feed(0, make_values(j, 0, 1, 0, 0, WireInt::kU8, {1}));
+  now += 1000;
+  eng->tick(now, sink);
+  EXPECT_EQ(of_type(sink.take(), MsgType::kResult).size(), 1u);
+}
+
 TEST_F(EngineTest, WorkersDisagreeingOnAnOpAreRefused) {
-  const JobId j{60, 1, 2};
-  join_all(j, 2, 4, 0);
+  JobId j = job(61, 2);
+  join_all(&j, 2, 4, 0);
   feed(0, make_values(j, 0, 4, 0, 0, WireInt::kU8, {1, 1}));
   feed(1, make_values(j, 1, 4, 0, 0, WireInt::kU8, {1, 1, 1}));     // other count
   feed(1, make_values(j, 1, 4, 0, 0, WireInt::kU16, {1, 1}));       // other type

@@ -2,6 +2,7 @@
 // reason for malformed traffic, several threads sharding jobs, and bad command lines.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <string>
@@ -40,27 +41,79 @@ TEST(AggregatorServer, StopsCleanlyOnSigtermAndSigint) {
   }
 }
 
-TEST(AggregatorServer, CountsMalformedTrafficByReason) {
+// A hand-driven worker over a raw socket: the JOIN handshake, then whatever the test sends.
+struct RawWorker {
+  RawUdp sock;
+  JobId j;
+  uint16_t w;
+  uint64_t nonce = 0;
+  JoinAckBody join(uint16_t port, const JoinParams& p, Header* err = nullptr) {
+    JoinParams q = p;
+    std::vector<uint8_t> cookie;
+    for (int round = 0; round < 2; ++round) {
+      sock.send(port, make_join(j, w, q, ++nonce));
+      for (;;) {
+        auto r = sock.recv(2000);
+        if (r.empty()) throw std::runtime_error("no reply to JOIN");
+        Header h;
+        const uint8_t* pl;
+        size_t plen;
+        if (parse(r.data(), r.size(), &h, &pl, &plen) != ParseError::kOk) continue;
+        if (!thc::switch_offload::auth::verify(j.jkey, r.data(), r.size())) throw std::runtime_error("unverified reply");
+        if (h.type == MsgType::kChallenge) {
+          cookie.assign(pl, pl + plen);
+          q.cookie = cookie.data();
+          break;
+        }
+        if (h.type == MsgType::kError) {
+          if (err) *err = h;
+          return JoinAckBody{};
+        }
+        JoinAckBody a;
+        if (h.type != MsgType::kJoinAck || parse_join_ack(pl, plen, &a) != ParseError::kOk)
+          throw std::runtime_error("unexpected reply to JOIN");
+        j.with_seed(a.seed);
+        return a;
+      }
+    }
+    throw std::runtime_error("JOIN with a cookie was challenged again");
+  }
+};
+
+JobId test_job(uint32_t label, uint16_t n, uint16_t shard = 0) {
+  return JobId::make(thc::test::test_key(1), label, n, shard);
+}
+
+JoinParams tofino(uint16_t k, uint16_t S) {
+  JoinParams p;
+  p.quorum = k;
+  p.slots = S;
+  p.max_lanes = kTofinoLanes;
+  p.payload_budget = kTofinoPayloadBudget;
+  return p;
+}
+
+TEST(AggregatorServer, MalformedAndUnauthenticatedTrafficIsCountedAndNeverAnswered) {
   AggregatorProcess agg;
   RawUdp s;
-  const JobId j{77, 5, 2};
+  JobId j = test_job(77, 2);
+  j.with_seed(5);
   auto v = make_values(j, 0, 4, 0, 0, WireInt::kU8, {1});
   s.send(agg.port(), std::vector<uint8_t>(v.begin(), v.begin() + 20));  // truncated
   auto x = v;
   x[0] = 0;
   s.send(agg.port(), x);  // bad magic
   x = v;
-  x[4] = 7;
-  s.send(agg.port(), x);  // bad version: answered with an error
+  x[4] = 1;
+  s.send(agg.port(), x);  // version 1
   x = v;
   x.push_back(1);
   s.send(agg.port(), x);  // bad length
-  s.send(agg.port(), std::vector<uint8_t>(3000, 0xAB));  // oversized garbage
-  s.send(agg.port(), v);  // unknown job: answered with an error
-  const auto replies = drain(s);
-  ASSERT_EQ(replies.size(), 2u);
-  EXPECT_EQ(replies[0].aux, static_cast<uint32_t>(ErrorCode::kBadVersion));
-  EXPECT_EQ(replies[1].aux, static_cast<uint32_t>(ErrorCode::kUnknownJob));
+  s.send(agg.port(), std::vector<uint8_t>(9500, 0xAB));  // oversized garbage
+  s.send(agg.port(), v);  // a job that does not exist
+  JobId stranger = JobId::make(thc::test::test_key(9), 77, 2);
+  s.send(agg.port(), make_join(stranger, 0, tofino(2, 4)));  // a key the aggregator does not hold
+  EXPECT_TRUE(drain(s).empty()) << "nothing unauthenticated is answered";
   const auto st = agg.stats();
   using thc::switch_offload::stats_get;
   EXPECT_EQ(stats_get(st, "drop_truncated"), 1u);
@@ -68,46 +121,41 @@ TEST(AggregatorServer, CountsMalformedTrafficByReason) {
   EXPECT_EQ(stats_get(st, "drop_bad_version"), 1u);
   EXPECT_EQ(stats_get(st, "drop_bad_length"), 1u);
   EXPECT_EQ(stats_get(st, "drop_unknown_job"), 1u);
-  EXPECT_EQ(stats_get(st, "drops_total"), 6u);
+  EXPECT_EQ(stats_get(st, "drop_bad_tag"), 1u);
+  EXPECT_EQ(stats_get(st, "drops_total"), 7u);
   EXPECT_EQ(agg.stop(), 0);
 }
 
-TEST(AggregatorServer, ThreadsShardJobsAndEachJobAggregates) {
+TEST(AggregatorServer, ThreadsShardEveryJobAndEachInstanceAggregates) {
   AggregatorProcess agg({}, 2);
-  // Jobs 10 and 11 land on different threads (job % 2); both run to completion concurrently.
-  RawUdp w[4];
-  for (uint32_t job : {10u, 11u}) {
-    const JobId j{job, job * 3, 2};
-    for (uint16_t r = 0; r < 2; ++r) w[(job - 10) * 2 + r].send(agg.port(), make_join(j, r, 2, 4, 0));
-  }
+  // One job, two workers, on both shards (threads); each instance sums on its own.
+  RawWorker w[2][2];
   uint64_t seeds[2] = {0, 0};
-  for (int i = 0; i < 4; ++i) {
-    auto r = w[i].recv(2000);
-    Header h;
-    const uint8_t* pl;
-    size_t plen;
-    ASSERT_EQ(parse(r.data(), r.size(), &h, &pl, &plen), ParseError::kOk);
-    ASSERT_EQ(h.type, MsgType::kJoinAck);
-    JoinAckBody a;
-    ASSERT_EQ(parse_join_ack(pl, plen, &a), ParseError::kOk);
-    if (i % 2 == 0) seeds[i / 2] = a.seed;
-    else EXPECT_EQ(a.seed, seeds[i / 2]) << "workers of one job must share its seed";
-  }
-  for (uint32_t job : {10u, 11u}) {
-    const JobId j{job, job * 3, 2};
+  for (uint16_t shard = 0; shard < 2; ++shard)
+    for (uint16_t r = 0; r < 2; ++r) {
+      w[shard][r].j = test_job(10, 2, shard);
+      w[shard][r].w = r;
+      const JoinAckBody a = w[shard][r].join(agg.port(), tofino(2, 4));
+      EXPECT_EQ(a.shards, 2);
+      if (r == 0) seeds[shard] = a.seed;
+      else EXPECT_EQ(a.seed, seeds[shard]) << "workers of one job instance share its seed";
+    }
+  for (uint16_t shard = 0; shard < 2; ++shard)
     for (uint16_t r = 0; r < 2; ++r)
-      w[(job - 10) * 2 + r].send(agg.port(), make_values(j, r, 4, 0, 0, WireInt::kU16, {job, r + 1u}));
-  }
-  for (int i = 0; i < 4; ++i) {
-    auto r = w[i].recv(2000);
-    Header h;
-    const uint8_t* pl;
-    size_t plen;
-    ASSERT_EQ(parse(r.data(), r.size(), &h, &pl, &plen), ParseError::kOk);
-    ASSERT_EQ(h.type, MsgType::kResult);
-    EXPECT_EQ(load_lane(WireInt::kU16, pl, 0), 2u * h.job);
-    EXPECT_EQ(load_lane(WireInt::kU16, pl, 1), 3u);
-  }
+      w[shard][r].sock.send(agg.port(), make_values(w[shard][r].j, r, 4, 0, 0, WireInt::kU16, {10u + shard, r + 1u}));
+  for (uint16_t shard = 0; shard < 2; ++shard)
+    for (uint16_t r = 0; r < 2; ++r) {
+      auto p = w[shard][r].sock.recv(2000);
+      Header h;
+      const uint8_t* pl;
+      size_t plen;
+      ASSERT_EQ(parse(p.data(), p.size(), &h, &pl, &plen), ParseError::kOk);
+      ASSERT_EQ(h.type, MsgType::kResult);
+      EXPECT_TRUE(thc::switch_offload::auth::verify(w[shard][r].j.dkey, p.data(), p.size()));
+      EXPECT_EQ(h.shard, shard);
+      EXPECT_EQ(load_lane(WireInt::kU16, pl, 0), 2u * (10u + shard));
+      EXPECT_EQ(load_lane(WireInt::kU16, pl, 1), 3u);
+    }
   EXPECT_EQ(agg.stat("slots_completed"), 2u);
   EXPECT_EQ(agg.stat("jobs_created"), 2u);
   EXPECT_EQ(agg.stop(), 0);
@@ -115,29 +163,48 @@ TEST(AggregatorServer, ThreadsShardJobsAndEachJobAggregates) {
 
 TEST(AggregatorServer, MaxJobsIsEnforced) {
   AggregatorProcess agg({"--max-jobs", "1"});
-  RawUdp s;
-  s.send(agg.port(), make_join(JobId{1, 1, 1}, 0, 1, 4, 0));
-  s.send(agg.port(), make_join(JobId{2, 1, 1}, 0, 1, 4, 0));
-  const auto r = drain(s);
-  ASSERT_EQ(r.size(), 2u);
-  EXPECT_EQ(r[0].type, MsgType::kJoinAck);
-  EXPECT_EQ(r[1].type, MsgType::kError);
-  EXPECT_EQ(r[1].aux, static_cast<uint32_t>(ErrorCode::kNoResources));
+  RawWorker a, b;
+  a.j = test_job(1, 1);
+  a.w = 0;
+  b.j = test_job(2, 1);
+  b.w = 0;
+  EXPECT_EQ(a.join(agg.port(), tofino(1, 4)).slots, 4);
+  Header err;
+  b.join(agg.port(), tofino(1, 4), &err);
+  EXPECT_EQ(err.type, MsgType::kError);
+  EXPECT_EQ(err.aux, static_cast<uint32_t>(ErrorCode::kNoResources));
   EXPECT_EQ(agg.stat("drop_no_resources"), 1u);
 }
 
-TEST(AggregatorServer, RejectsBadCommandLines) {
+TEST(AggregatorServer, RejectsBadCommandLinesAndKeyFiles) {
   const std::string bin = thc::test::env_or("THC_AGGREGATOR_BIN", THC_AGGREGATOR_BIN);
-  for (std::vector<std::string> args : {std::vector<std::string>{"--threads", "0"}, {"--max-memory", "lots"},
-                                        {"--bind", "no.such.host.invalid"}, {"--fault-drop", "2"}, {"--bogus"}}) {
+  thc::test::TestKeyFile keys;
+  const std::string open_keys = thc::test::temp_path("open_keys");
+  {
+    std::string err;
+    ASSERT_TRUE(thc::switch_offload::auth::write_key_file(open_keys, {thc::test::test_key(1)}, &err)) << err;
+    ::chmod(open_keys.c_str(), 0644);
+  }
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"--key-file", keys.path(), "--threads", "0"},
+        {"--key-file", keys.path(), "--max-memory", "lots"},
+        {"--key-file", keys.path(), "--bind", "no.such.host.invalid"},
+        {"--key-file", keys.path(), "--fault-drop", "2"},
+        {"--key-file", keys.path(), "--max-lanes", "100"},
+        {"--key-file", keys.path(), "--bogus"},
+        {},                                   // no key file: every job must be authenticated
+        {"--key-file", "/nonexistent/keys"},  // missing
+        {"--key-file", open_keys}}) {         // readable by others
     std::vector<std::string> argv = {bin, "--port", "0"};
     argv.insert(argv.end(), args.begin(), args.end());
     const std::string log = thc::test::temp_path("badcli");
     const pid_t pid = thc::test::spawn(argv, log);
     const int st = thc::test::wait_child(pid, 20);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << args[0] << ": " << thc::test::slurp(log);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << (args.empty() ? "(none)" : args.back()) << ": "
+                                                        << thc::test::slurp(log);
     ::unlink(log.c_str());
   }
+  ::unlink(open_keys.c_str());
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "switch_offload/servers/dpdk/dpdk_server.h"
+#include "switch_offload/protocol/wire.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -46,10 +47,14 @@ std::string ip_str(uint32_t ip) {
   return b;
 }
 
+// The steering key: low word of the job id + shard (header bytes 12..15 and 30..31), exactly the
+// UDP server's BPF program, so every job instance lives on one lane.
 uint32_t job_of(const uint8_t* payload, size_t len) {
-  if (len < 12) return 0;
-  return static_cast<uint32_t>(payload[8]) << 24 | static_cast<uint32_t>(payload[9]) << 16 |
-         static_cast<uint32_t>(payload[10]) << 8 | payload[11];
+  if (len < 32) return 0;
+  const uint32_t lo = static_cast<uint32_t>(payload[12]) << 24 | static_cast<uint32_t>(payload[13]) << 16 |
+                      static_cast<uint32_t>(payload[14]) << 8 | payload[15];
+  const uint32_t shard = static_cast<uint32_t>(payload[30]) << 8 | payload[31];
+  return lo + shard;
 }
 }  // namespace
 
@@ -165,6 +170,11 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) : 0;
     ec.budget = budget_;
+    ec.keys = opt_.keys;
+    ec.shards = static_cast<uint16_t>(nlanes);
+    ec.max_lanes = opt_.max_lanes;
+    ec.payload_budget = opt_.mtu - 20 - 8 - static_cast<int>(proto::kHeaderBytes);
+    ec.stats_from_loopback = false;  // a DPDK port has no loopback peers
     ec.stats_snapshot = [this] { return stats(); };
     l->engine = std::make_unique<Engine>(ec, &l->stats);
     l->sink = std::make_unique<TxSink>(this, l.get());
@@ -401,23 +411,32 @@ void DpdkServer::process(Lane& l, rte_mbuf** pkts, unsigned n, uint64_t now) {
   for (unsigned i = 0; i < n; ++i) {
     rte_mbuf* m = pkts[i];
     const frames::Classified c = frames::accepted_udp(rte_pktmbuf_mtod(m, const uint8_t*), rte_pktmbuf_data_len(m));
-    auto [it, inserted] = l.macs.try_emplace(c.peer_ip, c.peer_mac);
-    if (!inserted) {
-      it->second = c.peer_mac;
-    } else if (l.macs.size() > kMaxMacs) {
-      // A flood of source addresses: start over rather than grow without bound. Peers of live
-      // jobs are relearned from their next frame.
-      l.macs.clear();
-      l.macs.emplace(c.peer_ip, c.peer_mac);
-      l.mac_table_resets.add();
-    }
     PeerAddr from;
     auto* sa = reinterpret_cast<sockaddr_in*>(&from.ss);
     sa->sin_family = AF_INET;
     sa->sin_port = htons(c.peer_port);
     sa->sin_addr.s_addr = htonl(c.peer_ip);
     from.len = sizeof(sockaddr_in);
-    l.engine->handle(c.payload, c.payload_len, from, now, *l.sink);
+    // Learn the peer's MAC before the engine answers (the reply needs it), but keep it only if the
+    // datagram authenticated: a stranger's frames never redirect a worker's results.
+    auto [it, inserted] = l.macs.try_emplace(c.peer_ip, c.peer_mac);
+    const frames::Mac previous = it->second;
+    if (!inserted) it->second = c.peer_mac;
+    if (inserted && l.macs.size() > kMaxMacs) {
+      // A flood of verified source addresses: start over rather than grow without bound. Peers
+      // of live jobs are relearned from their next frame.
+      l.macs.clear();
+      l.macs.emplace(c.peer_ip, c.peer_mac);
+      l.mac_table_resets.add();
+    }
+    const bool verified = l.engine->handle(c.payload, c.payload_len, from, now, *l.sink);
+    if (!verified) {
+      auto again = l.macs.find(c.peer_ip);
+      if (again != l.macs.end()) {
+        if (inserted) l.macs.erase(again);
+        else again->second = previous;
+      }
+    }
     rte_pktmbuf_free(m);
   }
 }

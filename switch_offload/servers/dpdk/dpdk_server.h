@@ -5,9 +5,10 @@
 // Threading (README "DPDK server"): the main lcore is the RX lcore. It polls the rx queue(s) in
 // bursts, answers ARP requests for our IP itself, drops and counts every frame that is not
 // IPv4/UDP to our IP and port (frames::classify), and hands each accepted frame, mbuf and all,
-// to worker `job % workers` through that worker's single-producer/single-consumer rte_ring (job =
-// payload bytes 8..11, exactly the UDP server's BPF steering; payloads too short to carry a job
-// id go to worker 0, whose engine drops and counts them). Each worker lcore owns one Engine (no
+// to worker `(job + shard) % workers` through that worker's single-producer/single-consumer
+// rte_ring (the low word of the job id + the shard, exactly the UDP server's BPF steering; every
+// job has one instance per worker lcore, JOIN_ACK shards; payloads too short to carry them go to
+// worker 0, whose engine drops and counts them). Each worker lcore owns one Engine (no
 // locks on the data path; a job's state machine stays single-threaded), calls handle() and
 // tick(), and transmits its replies as Ethernet/IPv4/UDP frames on its own tx queue, addressed
 // to the MAC the peer's frames came from (a per-worker IP -> MAC table, learned on receive).
@@ -18,6 +19,10 @@
 // lcore, since the kernel fans frames out over its sockets). When the device has fewer tx queues
 // than lcores that transmit, lcores share tx queues under a spinlock.
 #pragma once
+
+#include <memory>
+
+#include "switch_offload/protocol/auth.h"
 
 #include <atomic>
 #include <cstdint>
@@ -36,7 +41,7 @@ namespace thc::switch_offload {
 
 struct DpdkServerOptions {
   uint32_t ip = 0;      // our IPv4 address, host byte order (required)
-  uint16_t port = 4791; // UDP port
+  uint16_t port = 9471; // UDP port
   uint16_t port_id = 0; // DPDK port
   int workers = 1;      // aggregation lcores; 0 = the main lcore aggregates itself
   int max_jobs = 64;
@@ -50,6 +55,9 @@ struct DpdkServerOptions {
   uint16_t rx_desc = 1024;
   uint16_t tx_desc = 1024;
   uint32_t ring_size = 4096;        // per worker, a power of two
+  int mtu = 1500;                   // path MTU to the workers: bounds lanes per packet
+  int max_lanes = 8192;
+  std::shared_ptr<const auth::KeyRing> keys;  // tenant keys (required)
 };
 
 class DpdkServer {

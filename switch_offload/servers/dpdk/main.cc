@@ -1,11 +1,11 @@
 // thc-aggregator-dpdk: the aggregator (thc-aggregator's Engine) on a DPDK port.
 //
-//   thc-aggregator-dpdk [EAL options] -- --ip A.B.C.D [--port 4791] [--port-id 0] [--workers 1]
+//   thc-aggregator-dpdk [EAL options] -- --ip A.B.C.D --key-file KEYS [--port 9471] [--port-id 0] [--workers 1]
 //                       [--max-jobs 64] [--max-memory 1G] [--max-slots 4096] [--job-idle-timeout 600]
 //                       [--seed S] [--stats-interval 10] [--port-file FILE]
 // e.g. (no hugepages, a veth through af_packet):
 //   thc-aggregator-dpdk --no-huge -m 512 --no-pci --file-prefix=thc1 -l 0-1
-//                       --vdev=net_af_packet0,iface=veth0 -- --ip 10.77.0.1 --port 4791 --workers 1
+//                       --vdev=net_af_packet0,iface=veth0 -- --ip 10.77.0.1 --key-file keys --port 9471 --workers 1
 //
 // SIGINT/SIGTERM stop it cleanly: the lcores return, the final counters are printed, the port is
 // stopped and closed and the EAL cleaned up.
@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
              "--vdev=net_af_packet0,iface=veth0 -- --ip 10.77.0.1 --workers 1");
   DpdkServerOptions opt;
   std::string ip;
-  int port = 4791;
+  int port = 9471;
+  std::string key_file;
   int port_id = 0;
   double stats_interval = 10;
   std::string max_memory = "1G";
@@ -68,6 +69,12 @@ int main(int argc, char** argv) {
   bool no_tx_udp_csum = false;
   app.add_option("--ip", ip, "the aggregator's IPv4 address (answers ARP for it)")->required();
   app.add_option("--port", port, "UDP port")->capture_default_str()->check(CLI::Range(1, 65535));
+  app.add_option("--key-file", key_file, "keys that authenticate jobs, one ID:HEX per line (id 0: operator key); mode 0600")
+      ->required();
+  app.add_option("--mtu", opt.mtu, "path MTU to the workers: bounds the lanes per packet")->capture_default_str()
+      ->check(CLI::Range(576, 9000));
+  app.add_option("--max-lanes", opt.max_lanes, "lanes per packet offered at most (multiple of 64; 256 = Tofino profile)")
+      ->capture_default_str()->check(CLI::Range(64, 8192));
   app.add_option("--port-id", port_id, "DPDK port id")->capture_default_str()->check(CLI::Range(0, 65535));
   app.add_option("--workers", opt.workers, "aggregation lcores besides the RX lcore (0: the main lcore does everything)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
@@ -114,6 +121,15 @@ int main(int argc, char** argv) {
   }
   opt.job_idle_timeout_us = static_cast<uint64_t>(idle_s * 1e6);
   opt.verify_udp_checksum = !skip_udp_csum;
+  {
+    std::string err;
+    std::vector<thc::switch_offload::auth::Key> keys;
+    if (!thc::switch_offload::auth::load_key_file(key_file, &keys, &err)) {
+      std::fprintf(stderr, "thc-aggregator-dpdk: %s\n", err.c_str());
+      return 2;
+    }
+    opt.keys = std::make_shared<thc::switch_offload::auth::KeyRing>(keys);
+  }
   opt.tx_udp_checksum = !no_tx_udp_csum;
 
   // SIGINT/SIGTERM are blocked before the EAL creates its threads (they inherit the mask) and

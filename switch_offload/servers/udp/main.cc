@@ -1,10 +1,12 @@
 // thc-aggregator: the software aggregator (parameter server / switch emulator) over UDP.
 //
-//   thc-aggregator --port 4791 --threads 2 [--bind 127.0.0.1] [--stats-interval 10]
-//                  [--max-jobs 64] [--max-memory 1G] [--fault-drop 0.01 ...]
+//   thc-aggregator --key-file KEYS [--create-key-file] --port 9471 --threads 2 [--bind 127.0.0.1]
+//                  [--stats-interval 10] [--max-jobs 64] [--max-memory 1G] [--mtu 1500]
+//                  [--max-lanes 8192] [--fault-drop 0.01 ...]
 //
 // SIGINT/SIGTERM stop it cleanly and print the final counters.
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -16,6 +18,7 @@
 
 #include "common/status.h"
 #include "common/net.h"
+#include "switch_offload/protocol/auth.h"
 #include "switch_offload/servers/udp/udp_server.h"
 
 namespace {
@@ -26,13 +29,32 @@ int main(int argc, char** argv) {
   using namespace thc::switch_offload;
   CLI::App app{"thc-aggregator: in-network-style integer aggregation over UDP (THC software PS)"};
   ServerOptions opt;
-  int port = 4791;
+  int port = 9471;
+  std::string key_file;
+  bool create_key_file = false;
+  bool no_loopback_stats = false, no_gso = false, no_gro = false;
   double stats_interval = 10;
   std::string max_memory = "1G";
   double idle_s = 600;
   std::string port_file;
-  app.add_option("--port", port, "UDP port (0: pick an ephemeral port, see --port-file)")->check(CLI::Range(0, 65535));
-  app.add_option("--threads", opt.threads, "aggregation threads (jobs are sharded by id)")->check(CLI::Range(1, 256));
+  app.add_option("--key-file", key_file,
+                 "keys that authenticate jobs, one ID:HEX per line (id 0: the operator key for STATS); mode 0600")
+      ->required();
+  app.add_flag("--create-key-file", create_key_file,
+               "create --key-file with a fresh operator key (id 0) and tenant key (id 1) if it does not exist");
+  app.add_option("--port", port, "UDP port (0: pick an ephemeral port, see --port-file)")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--threads", opt.threads, "aggregation threads (every job is sharded over all of them)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--mtu", opt.mtu, "path MTU to the workers: bounds the lanes per packet")->capture_default_str()
+      ->check(CLI::Range(576, 9000));
+  app.add_option("--max-lanes", opt.max_lanes, "lanes per packet offered at most (multiple of 64; 256 = Tofino profile)")
+      ->capture_default_str()->check(CLI::Range(64, 8192));
+  app.add_option("--max-jobs-per-source", opt.max_jobs_per_source, "jobs one source address may hold")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--no-loopback-stats", no_loopback_stats, "STATS only with the operator key, also from loopback");
+  app.add_flag("--no-gso", no_gso, "send replies one datagram per message (no UDP_SEGMENT)");
+  app.add_flag("--no-gro", no_gro, "receive one datagram per message (no UDP_GRO)");
   app.add_option("--bind", opt.bind, "address to bind")->capture_default_str();
   app.add_option("--stats-interval", stats_interval, "seconds between statistics lines (0: only at exit)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -57,6 +79,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (opt.fault.delay_us > 0 && opt.fault.delay_prob == 0) opt.fault.delay_prob = 1.0;
+  opt.stats_from_loopback = !no_loopback_stats;
+  opt.gso = !no_gso;
+  opt.gro = !no_gro;
+  {
+    std::string err;
+    std::vector<auth::Key> keys;
+    if (create_key_file && ::access(key_file.c_str(), F_OK) != 0) {
+      if (!auth::write_key_file(key_file, {auth::generate_key(auth::kOperatorKeyId), auth::generate_key(1)}, &err)) {
+        std::fprintf(stderr, "thc-aggregator: %s\n", err.c_str());
+        return 2;
+      }
+      std::fprintf(stderr, "thc-aggregator: created key file %s (operator key id 0, tenant key id 1); give workers "
+                           "the tenant key: THC_AGGREGATOR_KEY_FILE=%s\n", key_file.c_str(), key_file.c_str());
+    }
+    if (!auth::load_key_file(key_file, &keys, &err)) {
+      std::fprintf(stderr, "thc-aggregator: %s\n", err.c_str());
+      return 2;
+    }
+    opt.keys = std::make_shared<auth::KeyRing>(keys);
+  }
   opt.job_idle_timeout_us = static_cast<uint64_t>(idle_s * 1e6);
 
   // Signals are taken synchronously by this thread only (blocked before the workers start, so
@@ -70,8 +112,11 @@ int main(int argc, char** argv) {
   try {
     UdpServer server(opt);
     server.start();
-    std::printf("%s listening on %s threads=%d steering=%s max_jobs=%d max_memory=%lld%s%s\n", line_prefix().c_str(),
-                server.address().c_str(), opt.threads, server.steering() ? "bpf-job-id" : "none", opt.max_jobs,
+    std::printf("%s listening on %s threads=%d steering=%s gso=%d gro=%d mtu=%d max_lanes=%d keys=%zu max_jobs=%d "
+                "max_memory=%lld%s%s\n",
+                line_prefix().c_str(), server.address().c_str(), opt.threads,
+                server.steering() ? "bpf-job-shard" : "none", server.gso() ? 1 : 0, server.gro() ? 1 : 0, opt.mtu,
+                opt.max_lanes, opt.keys->size(), opt.max_jobs,
                 static_cast<long long>(opt.max_memory), opt.fault.active() ? " fault: " : "",
                 opt.fault.active() ? opt.fault.describe().c_str() : "");
     std::fflush(stdout);

@@ -4,6 +4,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "common/status.h"
 #include "common/net.h"
 #include "common/sys_check.h"
+#include "common/udp_batch.h"
 
 #ifndef SO_ATTACH_REUSEPORT_CBPF
 #define SO_ATTACH_REUSEPORT_CBPF 51
@@ -22,34 +25,38 @@
 namespace thc::switch_offload {
 
 namespace {
-constexpr int kBatch = 64;
+constexpr size_t kBatch = 256;  // datagrams per receive round
 
-// Replies collected while handling a batch, sent together with sendmmsg.
+// Replies go straight into the socket's batch (grouped per destination and sent as GSO buffers
+// at flush), unless server-side fault injection is on.
 class BatchSink final : public Sink {
  public:
-  struct Out {
-    PeerAddr to;
-    std::vector<uint8_t> bytes;
-  };
-  void send(const PeerAddr& to, const uint8_t* data, size_t len) override {
-    if (used_ == outs_.size()) outs_.emplace_back();
-    Out& o = outs_[used_++];
-    o.to = to;
-    o.bytes.assign(data, data + len);
-  }
-  size_t size() const { return used_; }
-  Out& at(size_t i) { return outs_[i]; }
-  void clear() { used_ = 0; }
+  explicit BatchSink(UdpBatch* io) : io_(io) {}
+  void send(const PeerAddr& to, const uint8_t* data, size_t len) override { io_->queue(to, data, len); }
 
  private:
-  std::vector<Out> outs_;  // reused across batches: no allocation in steady state
-  size_t used_ = 0;
+  UdpBatch* io_;
+};
+class FaultSink final : public Sink {
+ public:
+  FaultSink(UdpBatch* io, FaultInjector* f) : io_(io), f_(f) {}
+  void send(const PeerAddr& to, const uint8_t* data, size_t len) override {
+    out_.clear();
+    f_->offer(data, len, to, mono_us(), &out_);
+    for (auto& d : out_) io_->queue(d.peer, d.bytes.data(), d.bytes.size());
+  }
+
+ private:
+  UdpBatch* io_;
+  FaultInjector* f_;
+  std::vector<FaultInjector::Datagram> out_;
 };
 }  // namespace
 
 struct UdpServer::Shard {
   int index = 0;
   int fd = -1;
+  std::unique_ptr<UdpBatch> io;
   Stats stats;
   std::unique_ptr<Engine> engine;
   FaultInjector rx_fault, tx_fault;
@@ -82,7 +89,12 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
   std::string err;
   if (!resolve_udp(opt_.bind, opt_.port ? opt_.port : 1, &bind_addr, &err))
     fail(Status::kInvalidArgument, "thc-aggregator: --bind: " + err);
-  budget_ = std::make_shared<Budget>(opt_.max_jobs, opt_.max_memory);
+  if (opt_.mtu < 576 || opt_.mtu > 9000) fail(Status::kInvalidArgument, "thc-aggregator: --mtu must be 576..9000");
+  if (opt_.max_lanes < proto::kLaneQuantum || opt_.max_lanes > proto::kMaxLanes || opt_.max_lanes % proto::kLaneQuantum)
+    fail(Status::kInvalidArgument, "thc-aggregator: --max-lanes must be a multiple of 64 in 64..8192");
+  if (!opt_.keys || opt_.keys->empty())
+    fail(Status::kInvalidArgument, "thc-aggregator: no keys (--key-file): every job must be authenticated");
+  budget_ = std::make_shared<Budget>(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source);
   for (int t = 0; t < opt_.threads; ++t) {
     auto s = std::make_unique<Shard>();
     s->index = t;
@@ -107,9 +119,13 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
     shards_.push_back(std::move(s));
   }
   if (opt_.threads > 1) {
-    // A = job id (a 4-byte absolute load is big-endian, i.e. the wire value); A %= N; return A.
+    // A = shard (header bytes 30..31); X = A; A = low word of the job id (bytes 12..15; absolute
+    // loads are big-endian, i.e. the wire values); A = (A + X) % N; return A.
     sock_filter code[] = {
-        {BPF_LD | BPF_W | BPF_ABS, 0, 0, 8},
+        {BPF_LD | BPF_H | BPF_ABS, 0, 0, 30},
+        {BPF_MISC | BPF_TAX, 0, 0, 0},
+        {BPF_LD | BPF_W | BPF_ABS, 0, 0, 12},
+        {BPF_ALU | BPF_ADD | BPF_X, 0, 0, 0},
         {BPF_ALU | BPF_MOD | BPF_K, 0, 0, static_cast<uint32_t>(opt_.threads)},
         {BPF_RET | BPF_A, 0, 0, 0},
     };
@@ -122,8 +138,15 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
     steering_ = true;
   }
   for (auto& s : shards_) {
+    s->io = std::make_unique<UdpBatch>(s->fd, false, opt_.gso && !opt_.fault.active(), opt_.gro);
     EngineConfig ec;
     ec.max_slots_per_job = opt_.max_slots;
+    ec.max_lanes = opt_.max_lanes;
+    // IPv4 + UDP + our header; IPv6 headers are 20 bytes more.
+    ec.payload_budget = opt_.mtu - (bind_addr.ss.ss_family == AF_INET6 ? 40 : 20) - 8 - static_cast<int>(proto::kHeaderBytes);
+    ec.keys = opt_.keys;
+    ec.shards = static_cast<uint16_t>(opt_.threads);
+    ec.stats_from_loopback = opt_.stats_from_loopback;
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
     // Distinct seed streams per shard; a job always lands on the same shard.
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s->index) : 0;
@@ -138,6 +161,9 @@ UdpServer::~UdpServer() {
   for (auto& s : shards_)
     if (s->fd >= 0) ::close(s->fd);
 }
+
+bool UdpServer::gso() const { return shards_[0]->io->gso(); }
+bool UdpServer::gro() const { return shards_[0]->io->gro(); }
 
 std::string UdpServer::address() const {
   const bool v6 = opt_.bind.find(':') != std::string::npos;
@@ -165,112 +191,76 @@ std::vector<uint64_t> UdpServer::stats() const {
   return acc;
 }
 
+double UdpServer::cpu_seconds() const {
+  double t = 0;
+  for (const auto& s : shards_) {
+    if (!s->thread.joinable()) continue;
+    clockid_t cid;
+    timespec ts{};
+    if (pthread_getcpuclockid(const_cast<std::thread&>(s->thread).native_handle(), &cid) == 0 &&
+        clock_gettime(cid, &ts) == 0)
+      t += static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+  return t;
+}
+
 size_t UdpServer::jobs() const {
   const std::vector<uint64_t> v = stats();
   return static_cast<size_t>(stats_get(v, "jobs_created") - stats_get(v, "jobs_freed"));
 }
 
 void UdpServer::run(Shard* s) {
-  std::vector<std::vector<uint8_t>> rbufs(kBatch, std::vector<uint8_t>(proto::kMaxPacketBytes + 1));
-  std::vector<PeerAddr> raddr(kBatch);
-  std::vector<mmsghdr> rmsg(kBatch);
-  std::vector<iovec> riov(kBatch);
-  std::vector<mmsghdr> smsg(kBatch);
-  std::vector<iovec> siov(kBatch);
+  UdpBatch& io = *s->io;
+  std::vector<UdpBatch::Datagram> in;
   std::vector<FaultInjector::Datagram> faulted;
-  BatchSink sink;
+  BatchSink plain(&io);
+  FaultSink faulty(&io, &s->tx_fault);
+  Sink& sink = s->tx_fault.active() ? static_cast<Sink&>(faulty) : static_cast<Sink&>(plain);
   Engine& eng = *s->engine;
   uint64_t next_tick = mono_us();
+  uint64_t tx_errors_seen = 0;
 
-  auto handle = [&](const uint8_t* p, size_t n, const PeerAddr& from, uint64_t now) {
-    if (s->rx_fault.active()) {
-      faulted.clear();
-      s->rx_fault.offer(p, n, from, now, &faulted);
-      if (s->rx_fault.dropped() > 0) {
-        // Keep drop_fault in step with the injector's own count.
-        const uint64_t have = s->stats.drops[static_cast<int>(Drop::kFault)].get();
-        const uint64_t want = s->rx_fault.dropped() + s->tx_fault.dropped();
-        if (want > have) s->stats.drops[static_cast<int>(Drop::kFault)].add(want - have);
-      }
-      for (auto& d : faulted) eng.handle(d.bytes.data(), d.bytes.size(), d.peer, now, sink);
-    } else {
-      eng.handle(p, n, from, now, sink);
-    }
+  auto sync_fault_drops = [&] {
+    const uint64_t have = s->stats.drops[static_cast<int>(Drop::kFault)].get();
+    const uint64_t want = s->rx_fault.dropped() + s->tx_fault.dropped();
+    if (want > have) s->stats.drops[static_cast<int>(Drop::kFault)].add(want - have);
   };
-
   auto flush = [&](uint64_t now) {
-    std::vector<FaultInjector::Datagram> out;
-    std::vector<FaultInjector::Datagram>* list = nullptr;
     if (s->tx_fault.active()) {
-      for (size_t i = 0; i < sink.size(); ++i) s->tx_fault.offer(sink.at(i).bytes.data(), sink.at(i).bytes.size(), sink.at(i).to, now, &out);
-      s->tx_fault.poll(now, &out);
-      const uint64_t have = s->stats.drops[static_cast<int>(Drop::kFault)].get();
-      const uint64_t want = s->rx_fault.dropped() + s->tx_fault.dropped();
-      if (want > have) s->stats.drops[static_cast<int>(Drop::kFault)].add(want - have);
-      list = &out;
+      faulted.clear();
+      s->tx_fault.poll(now, &faulted);
+      for (auto& d : faulted) io.queue(d.peer, d.bytes.data(), d.bytes.size());
+      sync_fault_drops();
     }
-    const size_t total = list ? list->size() : sink.size();
-    for (size_t base = 0; base < total; base += kBatch) {
-      const size_t m = std::min<size_t>(kBatch, total - base);
-      for (size_t i = 0; i < m; ++i) {
-        const PeerAddr* to;
-        std::vector<uint8_t>* b;
-        if (list) {
-          to = &(*list)[base + i].peer;
-          b = &(*list)[base + i].bytes;
-        } else {
-          to = &sink.at(base + i).to;
-          b = &sink.at(base + i).bytes;
-        }
-        siov[i] = iovec{b->data(), b->size()};
-        std::memset(&smsg[i], 0, sizeof smsg[i]);
-        smsg[i].msg_hdr.msg_name = const_cast<sockaddr_storage*>(&to->ss);
-        smsg[i].msg_hdr.msg_namelen = to->len;
-        smsg[i].msg_hdr.msg_iov = &siov[i];
-        smsg[i].msg_hdr.msg_iovlen = 1;
-      }
-      size_t sent = 0;
-      while (sent < m) {
-        const sys::SysResult r = THC_SYS(::sendmmsg(s->fd, smsg.data() + sent, static_cast<unsigned>(m - sent), MSG_DONTWAIT));
-        if (!r.ok()) {
-          // Full socket buffer or an unreachable peer: UDP semantics, the datagram is lost and
-          // the sender's retransmission recovers it.
-          s->stats.tx_errors.add();
-          ++sent;
-          continue;
-        }
-        sent += static_cast<size_t>(r.rc);
-      }
+    io.flush();
+    // Full socket buffer or an unreachable peer: UDP semantics, the datagram is lost and the
+    // sender's retransmission recovers it.
+    if (io.stats().send_errors > tx_errors_seen) {
+      s->stats.tx_errors.add(io.stats().send_errors - tx_errors_seen);
+      tx_errors_seen = io.stats().send_errors;
     }
-    sink.clear();
   };
 
   while (!stop_.load(std::memory_order_relaxed)) {
     uint64_t now = mono_us();
-    uint64_t wake = std::min(next_tick, std::min(s->rx_fault.next_due(), s->tx_fault.next_due()));
+    const uint64_t wake = std::min(next_tick, std::min(s->rx_fault.next_due(), s->tx_fault.next_due()));
     const int timeout_ms = wake <= now ? 0 : static_cast<int>(std::min<uint64_t>((wake - now + 999) / 1000, 100));
     pollfd pfd{s->fd, POLLIN, 0};
     (void)THC_SYS(::poll(&pfd, 1, timeout_ms));
     for (int round = 0; round < 16; ++round) {
-      for (int i = 0; i < kBatch; ++i) {
-        riov[i] = iovec{rbufs[i].data(), rbufs[i].size()};
-        std::memset(&rmsg[i], 0, sizeof rmsg[i]);
-        rmsg[i].msg_hdr.msg_name = &raddr[i].ss;
-        rmsg[i].msg_hdr.msg_namelen = sizeof raddr[i].ss;
-        rmsg[i].msg_hdr.msg_iov = &riov[i];
-        rmsg[i].msg_hdr.msg_iovlen = 1;
-      }
-      const sys::SysResult r = THC_SYS(::recvmmsg(s->fd, rmsg.data(), kBatch, MSG_DONTWAIT, nullptr));
-      if (!r.ok()) break;  // EAGAIN: drained (other errors: nothing a UDP server can do but go on)
+      if (io.recv_batch(&in, kBatch) == 0) break;
       now = mono_us();
-      for (int i = 0; i < static_cast<int>(r.rc); ++i) {
-        raddr[i].len = rmsg[i].msg_hdr.msg_namelen;
-        // A datagram longer than any valid packet is truncated by the kernel into our buffer,
-        // which is one byte larger than the maximum, so the parser still sees it as oversized.
-        handle(rbufs[i].data(), rmsg[i].msg_len, raddr[i], now);
+      for (const UdpBatch::Datagram& d : in) {
+        if (s->rx_fault.active()) {
+          faulted.clear();
+          s->rx_fault.offer(d.data, d.len, *d.from, now, &faulted);
+          sync_fault_drops();
+          for (auto& f : faulted) eng.handle(f.bytes.data(), f.bytes.size(), f.peer, now, sink);
+        } else {
+          eng.handle(d.data, d.len, *d.from, now, sink);
+        }
       }
       flush(now);
-      if (r.rc < kBatch) break;
     }
     now = mono_us();
     if (s->rx_fault.active()) {

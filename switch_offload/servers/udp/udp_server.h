@@ -1,12 +1,15 @@
 // The software aggregator over UDP ("THC-Software PS"): the engine behind sockets.
 //
 // Threading: N threads, each with its own SO_REUSEPORT socket on the same port and its own
-// Engine. A classic BPF program attached to the reuseport group steers every datagram by its job
-// id (header bytes 8..11) to socket job % N, so a job lives on exactly one thread: the data path
-// takes no lock and shares no cache line, and a job's state machine stays single-threaded (the
-// same property a Tofino pipe or a DPDK lcore gives). Scaling therefore comes from concurrent
-// jobs; one job is bounded by one core. Short or garbage datagrams the program cannot read go to
-// socket 0, whose engine drops and counts them.
+// Engine. Every job has N instances ("shards", JOIN_ACK says how many): a client spreads a job's
+// slots over them, and a classic BPF program attached to the reuseport group steers every
+// datagram by (low 32 bits of the job id + shard) % N (header bytes 12..15 and 30..31), so each
+// job instance lives on exactly one thread: the data path takes no lock and shares no cache
+// line, and one job still scales over all cores. Short or garbage datagrams the program cannot
+// read go to socket 0, whose engine drops and counts them.
+//
+// I/O is batched (common/udp_batch.h): recvmmsg with UDP GRO in, replies grouped per worker and
+// sent as UDP GSO buffers with sendmmsg out.
 #pragma once
 
 #include <atomic>
@@ -31,6 +34,12 @@ struct ServerOptions {
   uint64_t job_idle_timeout_us = 600'000'000;
   uint64_t seed = 0;                      // 0: random job seeds
   int socket_buffer = 8 << 20;
+  int max_lanes = 8192;                   // lanes per packet offered at most (256: Tofino profile)
+  int mtu = 1500;                         // the aggregator's path MTU: payload budget per packet
+  int max_jobs_per_source = 16;           // jobs one source address may hold at once
+  bool stats_from_loopback = true;        // STATS from 127.0.0.0/8 and ::1 without the operator key
+  bool gso = true, gro = true;            // UDP segmentation offloads where the kernel has them
+  std::shared_ptr<const auth::KeyRing> keys;  // tenant keys (and the operator key, id 0)
   FaultOptions fault;                     // applied to received and sent datagrams
 };
 
@@ -46,11 +55,16 @@ class UdpServer {
   std::string address() const;
   // Whether the job-steering BPF program is attached (false with one thread).
   bool steering() const { return steering_; }
+  // Whether replies go out as GSO buffers / arrive through GRO (thread 0's socket).
+  bool gso() const;
+  bool gro() const;
   void start();
   void stop();  // idempotent; joins the threads
   // Server-wide counters (sum over threads), in stats_names() order.
   std::vector<uint64_t> stats() const;
   size_t jobs() const;
+  // CPU seconds the aggregation threads used so far (all threads together).
+  double cpu_seconds() const;
 
  private:
   struct Shard;

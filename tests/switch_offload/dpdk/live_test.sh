@@ -2,7 +2,7 @@
 # Live test of thc-aggregator-dpdk: two network namespaces joined by a veth pair; the aggregator
 # runs in namespace A on its veth end through DPDK's af_packet vdev (no IP address on that end:
 # the aggregator answers ARP itself), thc_udp_worker processes run in namespace B against
-# udp://10.77.0.1:4791. Every worker's result must equal the exact result (thc_wl_expected) and
+# udp://10.77.0.1:9471. Every worker's result must equal the exact result (thc_wl_expected) and
 # the others'; the aggregator's final statistics line must show exactly the elements the workers
 # contributed and every noise frame (thc_dpdk_noise) dropped under its reason.
 #
@@ -27,7 +27,7 @@ COUNT=${THC_DPDK_TEST_COUNT:-2000}
 WORLD=3
 AGG_IP=10.77.0.1
 PEER_IP=10.77.0.2
-PORT=4791
+PORT=9471
 
 TAG=thcdpdk
 # shellcheck source=../../netns/veth_pair.sh
@@ -57,6 +57,11 @@ ELEMS_PER_RANK=$("$EXPECTED" "$WORLD" "$COUNT" "$EXP_FILE" | awk '/^elements_per
 AGG_MAC=$(ip -n "$NSA" link show "$VA" | awk '/link\/ether/ {print $2}')
 [ -n "$AGG_MAC" ] || die "cannot read the MAC of $VA"
 
+# The key file both sides hold (tenant key 1; mode 0600).
+KEYS=$TMP/keys
+printf '1:%s\n' "$(head -c 32 /dev/urandom | od -An -tx1 -v | tr -d ' \n')" >"$KEYS"
+chmod 600 "$KEYS"
+
 # run_case NAME LCORE_ARG WORKERS QPAIRS JOBS NOISE(0|1)
 run_case() {
   local name=$1 lcores=$2 workers=$3 qpairs=$4 jobs=$5 noise=$6
@@ -69,7 +74,8 @@ run_case() {
   ip -n "$NSB" neigh flush dev "$VB" 2>/dev/null
 
   ip netns exec "$NSA" "$AGG" --no-huge -m 512 --no-pci --file-prefix="$PREFIX$name" "$lcores" --vdev="$vdev" \
-    -- --ip "$AGG_IP" --port "$PORT" --workers "$workers" --port-file "$dir/port" --stats-interval 5 --seed 42 $CSUM_OPT \
+    -- --ip "$AGG_IP" --port "$PORT" --key-file "$KEYS" --workers "$workers" --port-file "$dir/port" --stats-interval 5 \
+    --seed 42 $CSUM_OPT \
     >"$dir/agg.log" 2>&1 &
   AGG_PID=$!
   local deadline=$((SECONDS + 30))
@@ -87,7 +93,8 @@ run_case() {
     for r in $(seq 0 $((WORLD - 1))); do
       files+=("$dir/out.$job.$r")
       logs+=("$dir/worker.$job.$r.log")
-      ip netns exec "$NSB" timeout -k 5 90 "$WORKER" "udp://$AGG_IP:$PORT" "$r" "$WORLD" "$job" "$COUNT" \
+      ip netns exec "$NSB" env THC_AGGREGATOR_KEY_FILE="$KEYS" timeout -k 5 90 "$WORKER" "udp://$AGG_IP:$PORT" "$r" \
+        "$WORLD" "$job" "$COUNT" \
         "$dir/out.$job.$r" >"$dir/worker.$job.$r.log" 2>&1 &
       pids+=($!)
     done
@@ -125,15 +132,9 @@ run_case() {
     die "$name: workers or aggregator failed (aggregator status $st; 124 = did not stop on SIGINT within 20 s)"
   fi
 
-  # Results: exact, and identical on every rank; one shared seed per job.
+  # Results: exact, and identical on every rank.
   for i in "${!files[@]}"; do
     cmp -s "${files[$i]}" "$EXP_FILE" || die "$name: ${files[$i]##*/} differs from the exact result"
-  done
-  for j in $(seq 1 "$jobs"); do
-    local job=$((10 + j))
-    local seeds
-    seeds=$(cat "$dir"/worker."$job".*.log | awk '/^rank/ {print $4}' | sort -u)
-    [ "$(printf '%s\n' "$seeds" | grep -c .)" = 1 ] || die "$name: job $job workers saw different seeds: $seeds"
   done
 
   local line
@@ -146,7 +147,10 @@ run_case() {
     die "$name: elements=$(stat "$line" elements), the workers contributed $want_elems"
   awk -v e="$want_elems" -v a="$t0" -v b="$t1" \
     'BEGIN { printf "throughput: %d lanes aggregated in %.2f s (workers start to end): %.3g lanes/s\n", e, b - a, e / (b - a) }'
-  [ "$(stat "$line" jobs_created)" = "$jobs" ] || die "$name: jobs_created=$(stat "$line" jobs_created), want $jobs"
+  # Every job has one instance per worker lcore (JOIN_ACK shards), and the UDP workers use them all.
+  local shards=$((workers > 0 ? workers : 1))
+  [ "$(stat "$line" jobs_created)" = "$((jobs * shards))" ] ||
+    die "$name: jobs_created=$(stat "$line" jobs_created), want $((jobs * shards))"
   [ "$(stat "$line" slots_completed)" -gt 0 ] || die "$name: no slot completed"
   [ "$(stat "$line" arp_requests)" -ge 1 ] && [ "$(stat "$line" arp_replies)" -ge 1 ] ||
     die "$name: the aggregator answered no ARP request"
@@ -174,8 +178,14 @@ run_case() {
     done <"$dir/noise.out"
     echo "noise: $(tr '\n' ' ' <"$dir/noise.out")"
   fi
-  [ "$(stat "$line" drops_total)" = "$((want_drops + extra_drops))" ] ||
-    die "$name: engine drops_total=$(stat "$line" drops_total), want $((want_drops + extra_drops))"
+  # Each worker's first JOIN per job instance draws the cookie challenge (drop_cookie; more if a
+  # first JOIN was retransmitted before its challenge arrived).
+  local cookies
+  cookies=$(stat "$line" drop_cookie)
+  [ "$cookies" -ge "$((jobs * WORLD * shards))" ] ||
+    die "$name: drop_cookie=$cookies, want at least $((jobs * WORLD * shards))"
+  [ "$(stat "$line" drops_total)" = "$((want_drops + extra_drops + cookies))" ] ||
+    die "$name: engine drops_total=$(stat "$line" drops_total), want $((want_drops + extra_drops + cookies))"
   [ "$(stat "$line" drop_truncated)" = "$want_drops" ] || die "$name: drop_truncated=$(stat "$line" drop_truncated), want $want_drops"
   rm -rf /var/run/dpdk/"$PREFIX$name" 2>/dev/null
   echo "== case $name: ok"

@@ -58,9 +58,10 @@ UdpClientOptions opts(const AggregatorProcess& agg, int rank, int world, uint32_
   o.address = agg.url();
   o.rank = rank;
   o.world = world;
-  o.job_id = job;
-  o.token = 0xC0FFEE00ull + job;
-  o.window = 32;
+  o.job_label = job;
+  o.key = thc::test::test_key(1);
+  o.slots = 32;
+  o.max_lanes = 256;  // small packets: more of them, more slot reuse per test
   o.max_wait_ms = 60000;
   o.fault_from_env = false;  // thread tests set faults explicitly
   o.fault.seed = 1000 + static_cast<uint64_t>(rank);
@@ -148,7 +149,9 @@ TEST(UdpClient, FourThreadsLosslessMatchExactSums) {
     EXPECT_EQ(out[r], want) << "rank " << r;
     EXPECT_EQ(seeds[r], seeds[0]) << "shared seed differs";
   }
-  EXPECT_EQ(agg.stat("drops_total"), 0u);
+  // Nothing is dropped but the first JOIN of each worker (answered with the cookie challenge).
+  EXPECT_EQ(agg.stat("drops_total"), agg.stat("drop_cookie"));
+  EXPECT_EQ(agg.stat("drop_cookie"), static_cast<uint64_t>(kWorld));
   EXPECT_EQ(agg.stat("partial_completions"), 0u);
 }
 
@@ -214,6 +217,7 @@ void run_processes(const AggregatorProcess& agg, uint32_t job, const std::vector
     logs.push_back(thc::test::temp_path("log" + std::to_string(r)));
     std::vector<std::string> e = env;
     e.push_back("THC_FAULT_SEED=" + std::to_string(900 + r));
+    e.push_back(agg.key_env());
     pids.push_back(thc::test::spawn({bin, agg.url(), std::to_string(r), std::to_string(kWorld), std::to_string(job),
                                      std::to_string(kCount), files[r]},
                                     logs[r], e));
@@ -266,7 +270,8 @@ TEST(UdpClient, StragglerYieldsPartialResultAndIsToldItWasNotCounted) {
     contrib[r] = req->contributors();
     counted[r] = req->self_counted();
     not_counted[r] = red.stats().not_counted;
-    // Afterwards everybody is on time again: the decision was per operation.
+    // Afterwards everybody is on time again; whoever is counted, every rank gets the same sum
+    // and contributor count.
     sync.arrive_and_wait();
     std::vector<uint32_t> w(10, 1);
     auto req2 = red.start_sum(w.data(), w.size(), IntType::kU32);
@@ -314,6 +319,7 @@ TEST(UdpClient, DeadWorkerGivesTimeoutNotHang) {
 
 TEST(UdpClient, UnreachableAggregatorGivesTimeout) {
   UdpClientOptions o;
+  o.key = thc::test::test_key(1);
   {
     AggregatorProcess agg;
     o.address = agg.url();
@@ -325,21 +331,24 @@ TEST(UdpClient, UnreachableAggregatorGivesTimeout) {
     FAIL() << "join should not succeed";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("thc-aggregator running"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("running at"), std::string::npos) << e.what();
   }
 }
 
-TEST(UdpClient, WrongTokenAndMismatchedWorldAreRejected) {
+TEST(UdpClient, UnknownKeyAndMismatchedWorldAreRejected) {
   AggregatorProcess agg;
   UdpReducer owner(opts(agg, 0, 2, 60));
+  // A key the aggregator does not hold: its JOIN is dropped unanswered (a stranger learns
+  // nothing); the worker times out with a message that names the key.
   UdpClientOptions thief = opts(agg, 1, 2, 60);
-  thief.token ^= 0xFF;
+  thief.key = thc::test::test_key(9);
+  thief.max_wait_ms = 400;
   try {
     UdpReducer r(thief);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::kTransport);
-    EXPECT_NE(std::string(e.what()).find("bad token"), std::string::npos) << e.what();
+    EXPECT_EQ(e.status(), Status::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("key id 9"), std::string::npos) << e.what();
   }
   UdpClientOptions other = opts(agg, 1, 3, 60);
   try {
@@ -348,8 +357,46 @@ TEST(UdpClient, WrongTokenAndMismatchedWorldAreRejected) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kConfigMismatch) << e.what();
   }
-  EXPECT_EQ(agg.stat("drop_bad_token"), 1u);
+  EXPECT_GT(agg.stat("drop_bad_tag"), 0u);
   EXPECT_EQ(agg.stat("drop_config_mismatch"), 1u);
+}
+
+TEST(UdpClient, ShardsAndSeveralAggregatorsGiveExactSums) {
+  // Two aggregators, the first with two threads: three job instances; every op is split over
+  // them by the engine's granule.
+  AggregatorProcess a({}, 2), b;
+  std::vector<std::vector<uint8_t>> out(kWorld);
+  std::vector<std::string> names(kWorld);
+  const auto err = run_threads(kWorld, [&](int r) {
+    UdpClientOptions o = opts(a, r, kWorld, 90);
+    o.address = a.url() + "," + b.url();
+    auto red = thc::transport::make_aggregator_reducer(o);
+    names[r] = red->name();
+    red->set_part_granule(512);
+    auto res = thc::test::wl_run(*red, kCount, 7);
+    out[r] = std::move(res.bytes);
+  });
+  const auto want = thc::test::wl_expected(kWorld, kCount, 7);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(err[r], "") << "rank " << r;
+    EXPECT_EQ(names[r], "udp x3");
+    EXPECT_EQ(out[r], want) << "rank " << r;
+  }
+  EXPECT_EQ(a.stat("jobs_created"), 2u);
+  EXPECT_EQ(b.stat("jobs_created"), 1u);
+  EXPECT_GT(b.stat("elements"), 0u) << "the second aggregator took its parts";
+}
+
+TEST(UdpClient, LanesFollowThePathAndTheAggregator) {
+  AggregatorProcess agg;
+  UdpClientOptions o = opts(agg, 0, 1, 95);
+  o.max_lanes = 8192;  // loopback's MTU is 65536; the aggregator's --mtu 1500 bounds it
+  UdpReducer red(o);
+  std::vector<uint8_t> v(100000, 1);
+  red.start_sum(v.data(), v.size(), IntType::kU8)->wait();
+  EXPECT_EQ(v[99999], 1);
+  EXPECT_EQ(red.stats().lanes, 1408);
+  EXPECT_EQ(red.stats().data_packets, (100000 + 1407) / 1408);
 }
 
 TEST(UdpClient, EnvironmentFaultVariablesAreValidated) {
@@ -377,15 +424,16 @@ TEST(UdpClient, RunningJobIsUndisturbedByNoise) {
   std::thread noisy([&] {
     using namespace thc::switch_offload::proto;
     thc::test::RawUdp s;
-    const JobId j{80, 0xC0FFEE00ull + 80, kWorld};  // the running job, with its real token
-    JobId wrong = j;
-    wrong.token ^= 1;
+    // The running job's id, but not its data key (a stranger does not know the job's seed or
+    // key): forged tags.
+    JobId j = JobId::make(thc::test::test_key(1), 80, kWorld);
+    j.with_seed(12345);
     for (uint64_t i = 0; !stop.load(); ++i) {
-      auto v = make_values(wrong, static_cast<uint16_t>(i % kWorld), 32, i % 64, 0, WireInt::kU8,
+      auto v = make_values(j, static_cast<uint16_t>(i % kWorld), 32, i % 64, 0, WireInt::kU8,
                            std::vector<uint32_t>(256, 200));
-      s.send(agg.port(), v);  // wrong token
+      s.send(agg.port(), v);  // forged tag
       auto x = make_values(j, 0, 32, i % 64, 0, WireInt::kU8, {1});
-      x[4] = 2;
+      x[4] = 1;
       s.send(agg.port(), x);  // wrong version
       s.send(agg.port(), std::vector<uint8_t>(x.begin(), x.begin() + 50));  // truncated header
       auto y = make_values(j, 1, 32, i % 64, 0, WireInt::kU8, {1});
@@ -404,12 +452,14 @@ TEST(UdpClient, RunningJobIsUndisturbedByNoise) {
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(out[r], want) << "rank " << r;
   const auto st = agg.stats();
   using thc::switch_offload::stats_get;
-  EXPECT_GT(stats_get(st, "drop_bad_token"), 0u);
+  EXPECT_GT(stats_get(st, "drop_bad_tag") + stats_get(st, "drop_unknown_job"), 0u);
   EXPECT_GT(stats_get(st, "drop_bad_version"), 0u);
   EXPECT_GT(stats_get(st, "drop_truncated"), 0u);
   EXPECT_GT(stats_get(st, "drop_bad_length"), 0u);
   EXPECT_GT(stats_get(st, "drop_bad_magic"), 0u);
-  EXPECT_EQ(stats_get(st, "drops_total"), noise.load()) << "every noise datagram is dropped and counted, nothing else";
+  // Every noise datagram is dropped and counted; the job's own traffic adds only the JOIN
+  // handshake's cookie drops (one per worker).
+  EXPECT_EQ(stats_get(st, "drops_total"), noise.load() + stats_get(st, "drop_cookie"));
 }
 
 }  // namespace

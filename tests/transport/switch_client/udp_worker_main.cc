@@ -28,13 +28,12 @@ int main(int argc, char** argv) {
   o.address = argv[1];
   o.rank = std::atoi(argv[2]);
   o.world = std::atoi(argv[3]);
-  o.job_id = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
-  o.token = 0xC0FFEE00ull + o.job_id;
-  o.window = 32;
+  o.job_label = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
   o.max_wait_ms = 60000;
   o.fault.seed = 1000 + static_cast<uint64_t>(o.rank);  // THC_FAULT_SEED overrides
   const uint64_t count = std::strtoull(argv[5], nullptr, 10);
   try {
+    o.key = thc::transport::aggregator_key_from_env();
     std::unique_ptr<thc::transport::Reducer> red;
     if (o.address.rfind("dpdk://", 0) == 0) {
 #if defined(THC_WORKER_DPDK)
@@ -61,10 +60,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "thc_udp_worker: cannot write %s\n", argv[6]);
       return 1;
     }
-    auto* udp = dynamic_cast<thc::transport::UdpReducer*>(red.get());
-    std::printf("rank %d seed %016llx sent %llu retransmissions %llu\n", o.rank,
-                static_cast<unsigned long long>(udp->shared_seed()), static_cast<unsigned long long>(udp->stats().packets_sent),
-                static_cast<unsigned long long>(udp->stats().retransmissions));
+    std::printf("rank %d %s\n", o.rank, red->wire_stats().c_str());
     return res.all_full ? 0 : 3;
   } catch (const thc::Error& e) {
     std::fprintf(stderr, "thc_udp_worker rank %d: %s\n", o.rank, e.what());

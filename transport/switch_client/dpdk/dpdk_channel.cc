@@ -18,9 +18,12 @@
 
 #include "common/status.h"
 #include "common/net.h"
+#include "switch_offload/protocol/wire.h"
 #include "switch_offload/servers/dpdk/frames.h"
 
 namespace thc::transport {
+
+namespace proto = switch_offload::proto;
 namespace {
 
 namespace frames = switch_offload::frames;
@@ -262,9 +265,15 @@ class DpdkChannel final : public DatagramChannel {
     }
   }
 
-  void wait(int timeout_ms) override {
+  bool pending() const override { return rx_i_ < rx_n_; }
+  int payload_budget() const override {
+    uint16_t mtu = 0;
+    if (rte_eth_dev_get_mtu(port_, &mtu) != 0 || mtu < 576) mtu = 1500;
+    return static_cast<int>(mtu) - 20 - 8 - static_cast<int>(proto::kHeaderBytes);
+  }
+  void wait_us(uint64_t timeout_us) override {
     flush();
-    const uint64_t deadline = mono_us() + static_cast<uint64_t>(std::max(timeout_ms, 0)) * 1000;
+    const uint64_t deadline = mono_us() + timeout_us;
     for (;;) {
       if (rx_i_ < rx_n_) return;
       rx_i_ = 0;
@@ -291,7 +300,8 @@ class DpdkChannel final : public DatagramChannel {
  private:
   void note(const std::string& e) { err_ = e; }
 
-  void flush() {
+ public:
+  void flush() override {
     uint16_t done = 0;
     for (int t = 0; done < tx_n_ && t < 4; ++t) done += rte_eth_tx_burst(port_, 0, tx_ + done, tx_n_ - done);
     if (done < tx_n_) {
@@ -301,6 +311,7 @@ class DpdkChannel final : public DatagramChannel {
     tx_n_ = 0;
   }
 
+ private:
   rte_mbuf* next() {
     if (rx_i_ >= rx_n_) {
       rx_i_ = 0;

@@ -1,5 +1,6 @@
 #include "transport/switch_client/udp/udp_client.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -7,22 +8,22 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <vector>
 
-#include "common/status.h"
 #include "common/net.h"
+#include "common/status.h"
 #include "common/sys_check.h"
+#include "common/udp_batch.h"
 #include "switch_offload/protocol/wire.h"
 
 namespace thc::transport {
 
 namespace proto = switch_offload::proto;
-using thc::FaultInjector;
-using thc::mono_us;
-using thc::PeerAddr;
+namespace auth = switch_offload::auth;
 
 namespace {
 
@@ -38,60 +39,41 @@ proto::WireInt wire_of(IntType t) {
   return proto::WireInt::kNone;
 }
 
-// Host-order element i of a buffer of w-byte integers, as the low bits of a u32.
-uint32_t host_get(const void* base, size_t w, uint64_t i) {
-  const uint8_t* p = static_cast<const uint8_t*>(base) + i * w;
-  if (w == 1) return *p;
-  if (w == 2) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-  }
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-void host_put(void* base, size_t w, uint64_t i, uint32_t v) {
-  uint8_t* p = static_cast<uint8_t*>(base) + i * w;
-  if (w == 1) {
-    *p = static_cast<uint8_t>(v);
-  } else if (w == 2) {
-    const uint16_t x = static_cast<uint16_t>(v);
-    std::memcpy(p, &x, 2);
-  } else {
-    std::memcpy(p, &v, 4);
-  }
-}
-
 enum class Kind { kMax, kSum, kLookup };
 
 struct Op {
   Kind kind = Kind::kSum;
+  proto::MsgType type = proto::MsgType::kDataValue;
   uint32_t id = 0;
   uint64_t count = 0;
   uint64_t first_seq = 0;
   uint64_t npkts = 0;
+  int lanes = 0;
   proto::WireInt enc = proto::WireInt::kNone;  // sum type on the wire
   int bits = 0;
   uint8_t table_id = 0;
   const uint8_t* packed = nullptr;  // lookup: input indices
   void* data = nullptr;             // sum/max: input and output (in place); lookup: output
+  std::vector<uint8_t> owned_in, owned_out;  // the request was dropped early: our own copies
   uint64_t done = 0;
   bool have_bitmap = false;
   uint64_t bitmap = 0;
   bool inconsistent = false;
-  bool complete() const { return done == npkts; }
+  Status failed = Status::kSuccess;
+  std::string fail_msg;
+  bool complete() const { return done == npkts || failed != Status::kSuccess; }
 };
 
 struct Pkt {
-  std::shared_ptr<Op> op;
+  Op* op = nullptr;
   uint64_t seq = 0;
   uint64_t first_send = 0;
-  uint64_t next_send = 0;
-  double rto_us = 0;
+  uint64_t deadline = 0;   // next retransmission
+  uint32_t rto_us = 0;     // current (backed off) timeout of this packet
+  uint32_t len = 0;
   int sends = 0;
   bool done = false;
-  std::vector<uint8_t> wire;
+  uint64_t plhash = 0;     // payload hash: a retransmission re-signs only the header
 };
 
 struct TableEntry {
@@ -102,15 +84,21 @@ struct TableEntry {
   uint64_t last_use = 0;
 };
 
+constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
 }  // namespace
 
 struct UdpReducer::Impl {
   UdpClientOptions opt;
   std::unique_ptr<DatagramChannel> ch;
   PeerAddr agg;  // the fault injectors' tag for the aggregator (unused otherwise)
+  uint64_t job = 0;
+  auth::TagKey jkey, dkey;
   uint64_t seed = 0;
   uint32_t S = 0;
-  uint32_t W = 0;
+  int L = 0;        // max lanes
+  int budget = 0;   // payload budget
+  int shards = 1;
   uint64_t all = 0;
   FaultInjector tx_fault, rx_fault;
   UdpClientStats st;
@@ -118,9 +106,21 @@ struct UdpReducer::Impl {
   uint64_t next_seq = 0;   // next data packet sequence number to assign
   uint32_t next_op = 0;
   uint64_t base = 0;       // lowest seq without a result
-  uint64_t sent_end = 0;   // seqs [base, sent_end) are in `window`
-  std::deque<Pkt> window;
+  uint64_t sent_end = 0;   // seqs [base, sent_end) are in flight
+  std::vector<Pkt> ring;   // [seq % S]
+  std::vector<uint8_t> arena;  // [seq % S] * max_dgram: the packets' bytes, built once
+  size_t max_dgram = 0;
   std::deque<std::shared_ptr<Op>> ops;  // ops with packets not yet all sent or done
+
+  // Congestion control.
+  double cwnd = 0;
+  bool slow_start = true;
+  double srtt = 0, rttvar = 0, min_rtt = 0;
+  bool have_rtt = false;
+  uint64_t last_cut = 0;
+  double tokens = 0;       // pacing credit, bytes
+  uint64_t token_time = 0;
+  uint64_t next_rto_check = kNever;
 
   TableEntry tables[proto::kTableIds];
   uint64_t table_clock = 0;
@@ -134,13 +134,14 @@ struct UdpReducer::Impl {
   bool broken = false;
   Status broken_status = Status::kSuccess;
   std::string broken_msg;
+  bool need_rejoin = false;
 
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(proto::kMaxPacketBytes + 1);
   std::vector<FaultInjector::Datagram> fbuf;
 
   std::string where() const {
-    return ch->kind() + " client (rank " + std::to_string(opt.rank) + ", job " + std::to_string(opt.job_id) + ", " +
-           ch->peer() + ")";
+    return ch->kind() + " client (rank " + std::to_string(opt.rank) + ", job " + std::to_string(opt.job_label) +
+           (opt.shard ? " shard " + std::to_string(opt.shard) : std::string()) + ", " + ch->peer() + ")";
   }
   std::string last_error() const {
     const std::string e = ch->last_error();
@@ -161,19 +162,19 @@ struct UdpReducer::Impl {
 
   // ---- datagram I/O (through the fault injectors) ---------------------------------------------
 
-  void raw_send(const uint8_t* p, size_t n) { ch->send(p, n); }
   void send_dgram(const uint8_t* p, size_t n) {
     st.packets_sent++;
-    if (!tx_fault.active()) return raw_send(p, n);
+    st.bytes_sent += n;
+    if (!tx_fault.active()) return ch->send(p, n);
     fbuf.clear();
     tx_fault.offer(p, n, agg, mono_us(), &fbuf);
-    for (auto& d : fbuf) raw_send(d.bytes.data(), d.bytes.size());
+    for (auto& d : fbuf) ch->send(d.bytes.data(), d.bytes.size());
   }
   void pump_faults(uint64_t now) {
     if (tx_fault.active()) {
       fbuf.clear();
       tx_fault.poll(now, &fbuf);
-      for (auto& d : fbuf) raw_send(d.bytes.data(), d.bytes.size());
+      for (auto& d : fbuf) ch->send(d.bytes.data(), d.bytes.size());
     }
     if (rx_fault.active()) {
       std::vector<FaultInjector::Datagram> in;
@@ -185,6 +186,7 @@ struct UdpReducer::Impl {
     for (;;) {
       const size_t n = ch->recv(rbuf.data(), rbuf.size());
       if (n == 0) return;
+      st.bytes_received += n;
       if (rx_fault.active()) {
         std::vector<FaultInjector::Datagram> in;
         rx_fault.offer(rbuf.data(), n, agg, mono_us(), &in);
@@ -197,20 +199,48 @@ struct UdpReducer::Impl {
 
   // ---- incoming ---------------------------------------------------------------------------------
 
+  void fail_inflight(Status s, const std::string& msg) {
+    for (auto& op : ops)
+      if (!op->complete()) {
+        op->failed = s;
+        op->fail_msg = msg;
+      }
+    ops.clear();
+    base = sent_end = next_seq;
+    next_rto_check = kNever;
+  }
+
   void on_error(const proto::Header& h) {
     const auto code = static_cast<proto::ErrorCode>(h.aux);
-    std::string what = std::string("aggregator rejected ") + (h.seq == ctl_nonce && h.op == 0 ? "a request" : "packet seq " + std::to_string(h.seq)) +
+    const bool ctl = h.seq == ctl_nonce && h.op == 0 && h.slot == 0;
+    std::string what = std::string("aggregator rejected ") + (ctl ? "a request" : "packet seq " + std::to_string(h.seq)) +
                        ": " + proto::error_code_name(code);
     Status s = Status::kTransport;
     switch (code) {
-      case proto::ErrorCode::kBadToken: what += " (job id " + std::to_string(opt.job_id) + " belongs to a job with another token)"; break;
+      case proto::ErrorCode::kLeftBehind: {
+        // Only an error about a packet still in flight matters (a late duplicate's is stale).
+        if (h.seq < base || h.seq >= sent_end) {
+          st.ignored++;
+          return;
+        }
+        st.left_behind++;
+        need_rejoin = true;
+        fail_inflight(Status::kLeftBehind,
+                      where() + ": left behind: partial aggregation went on without this worker and the result of "
+                                "packet seq " + std::to_string(h.seq) + " (op " + std::to_string(h.op) +
+                                ") is gone; the input stays in the error-feedback residual and the next call "
+                                "rejoins the job");
+        return;
+      }
       case proto::ErrorCode::kUnknownJob: what += " (the aggregator restarted or expired the job)"; break;
       case proto::ErrorCode::kConfigMismatch:
         s = Status::kConfigMismatch;
-        what += " (workers disagree on world size, quorum, quorum timeout, or on the operation sequence)";
+        what += " (workers disagree on world size, quorum, quorum timeout, lanes or path MTU, or on the operation "
+                "sequence)";
         break;
-      case proto::ErrorCode::kNoResources: what += " (aggregator --max-jobs/--max-memory reached)"; break;
-      case proto::ErrorCode::kBadVersion: what += " (protocol version " + std::to_string(proto::kVersion) + " not spoken there)"; break;
+      case proto::ErrorCode::kNoResources:
+        what += " (aggregator --max-jobs, --max-memory or --max-jobs-per-source reached)";
+        break;
       default: break;
     }
     die(s, where() + ": " + what);
@@ -220,34 +250,110 @@ struct UdpReducer::Impl {
     proto::Header h;
     const uint8_t* pl = nullptr;
     size_t plen = 0;
-    if (proto::parse(p, n, &h, &pl, &plen) != proto::ParseError::kOk || h.job != opt.job_id) {
+    if (proto::parse(p, n, &h, &pl, &plen) != proto::ParseError::kOk || h.job != job || h.shard != opt.shard ||
+        h.worker != opt.rank) {
       st.ignored++;
       return;
     }
+    // Join-phase replies are tagged with the join key, everything else with the data key (an
+    // ERROR with either, depending on what it answers); what does not verify is somebody else's
+    // (or forged) and ignored, never acted upon.
+    bool ok;
+    if (h.type == proto::MsgType::kChallenge || h.type == proto::MsgType::kJoinAck)
+      ok = auth::verify(jkey, p, n);
+    else if (h.type == proto::MsgType::kError)
+      ok = (seed != 0 && auth::verify(dkey, p, n)) || auth::verify(jkey, p, n);
+    else
+      ok = seed != 0 && auth::verify(dkey, p, n);
+    if (!ok) {
+      st.bad_tags++;
+      return;
+    }
     switch (h.type) {
-      case proto::MsgType::kError:
-        if (h.worker != opt.rank) break;
-        return on_error(h);
+      case proto::MsgType::kError: return on_error(h);
+      case proto::MsgType::kChallenge:
       case proto::MsgType::kJoinAck:
       case proto::MsgType::kTableAck:
       case proto::MsgType::kLeaveAck:
-        if (h.worker == opt.rank && h.seq == ctl_nonce && !ctl_have) {
+        if (h.seq == ctl_nonce && !ctl_have) {
           ctl_have = true;
           ctl_hdr = h;
           ctl_payload.assign(pl, pl + plen);
         }
         return;
-      case proto::MsgType::kResult: return on_result(h, pl);
+      case proto::MsgType::kResult: return on_result(h, pl, plen);
       case proto::MsgType::kAck:
-        if (h.token == opt.token && h.worker == opt.rank && (h.flags & proto::kFlagNotCounted)) st.not_counted++;
+        if (h.flags & proto::kFlagNotCounted) st.not_counted++;
         return;
       default: break;
     }
     st.ignored++;
   }
 
-  void on_result(const proto::Header& h, const uint8_t* pl) {
-    if (h.token != opt.token || h.worker != opt.rank || h.nworkers != opt.world) {
+  void on_rtt(uint64_t rtt_us, uint64_t now) {
+    const double r = static_cast<double>(rtt_us);
+    if (!have_rtt) {
+      srtt = r;
+      rttvar = r / 2;
+      min_rtt = r;
+      have_rtt = true;
+    } else {
+      rttvar = 0.75 * rttvar + 0.25 * std::fabs(srtt - r);
+      srtt = 0.875 * srtt + 0.125 * r;
+      min_rtt = std::min(min_rtt, r);
+    }
+    // Delay ceiling: a standing queue of target_delay keeps the bottleneck busy; more only adds
+    // latency (and, in a shallow buffer, loss).
+    const double target = min_rtt + opt.target_delay_ms * 1000.0;
+    if (r <= target) {
+      cwnd += slow_start ? 1.0 : 1.0 / std::max(cwnd, 1.0);
+    } else {
+      slow_start = false;
+      if (static_cast<double>(now - last_cut) >= srtt) {
+        cwnd *= std::max(0.5, 1.0 - 0.8 * (r - target) / r);
+        last_cut = now;
+      }
+    }
+    clamp_cwnd();
+  }
+  void on_loss(uint64_t now) {
+    slow_start = false;
+    if (!have_rtt || static_cast<double>(now - last_cut) >= srtt) {
+      cwnd *= 0.5;
+      last_cut = now;
+      clamp_cwnd();
+    }
+  }
+  double window_cap() const {
+    const double mx = opt.window_max > 0 ? std::min<double>(opt.window_max, S) : S;
+    return std::max(mx, 1.0);
+  }
+  void clamp_cwnd() { cwnd = std::clamp(cwnd, std::min<double>(opt.window_min, window_cap()), window_cap()); }
+  uint32_t rto_us() const {
+    const double base_rto = have_rtt ? srtt + std::max(4 * rttvar, 1000.0) : opt.rto_initial_ms * 1000.0;
+    return static_cast<uint32_t>(std::clamp(base_rto, opt.rto_min_ms * 1000.0, opt.rto_max_ms * 1000.0));
+  }
+
+  void write_out(Op& op, uint64_t first, uint64_t cnt, const uint8_t* pl) {
+    const size_t w = proto::wire_int_bytes(op.enc);
+    uint8_t* out = static_cast<uint8_t*>(op.data) + first * w;
+    if (w == 1) {
+      std::memcpy(out, pl, cnt);
+    } else if (w == 2) {
+      for (uint64_t i = 0; i < cnt; ++i) {
+        const uint16_t v = proto::load_be16(pl + 2 * i);
+        std::memcpy(out + 2 * i, &v, 2);
+      }
+    } else {
+      for (uint64_t i = 0; i < cnt; ++i) {
+        const uint32_t v = proto::load_be32(pl + 4 * i);
+        std::memcpy(out + 4 * i, &v, 4);
+      }
+    }
+  }
+
+  void on_result(const proto::Header& h, const uint8_t* pl, size_t plen) {
+    if (h.nworkers != opt.world) {
       st.ignored++;
       return;
     }
@@ -255,22 +361,22 @@ struct UdpReducer::Impl {
       st.duplicate_results++;
       return;
     }
-    Pkt& k = window[h.seq - base];
-    if (k.done) {
+    Pkt& k = ring[h.seq % S];
+    if (k.done || k.seq != h.seq) {
       st.duplicate_results++;
       return;
     }
     Op& op = *k.op;
     const uint64_t idx = h.seq - op.first_seq;
-    const uint64_t first = idx * proto::kLanes;
-    const uint64_t cnt = std::min<uint64_t>(proto::kLanes, op.count - first);
-    if (h.op != op.id || h.count != cnt || h.enc != op.enc) {
+    const uint64_t first = idx * static_cast<uint64_t>(op.lanes);
+    const uint64_t cnt = std::min<uint64_t>(static_cast<uint64_t>(op.lanes), op.count - first);
+    const proto::WireInt want_enc = op.kind == Kind::kMax ? proto::WireInt::kU32 : op.enc;
+    if (h.op != op.id || h.count != cnt || h.enc != want_enc || h.lanes != op.lanes ||
+        plen < cnt * proto::wire_int_bytes(want_enc)) {
       st.ignored++;
       return;
     }
-    const size_t w = proto::wire_int_bytes(op.enc);
-    void* out = op.data;
-    for (uint64_t i = 0; i < cnt; ++i) host_put(out, w, first + i, proto::load_lane(op.enc, pl, static_cast<int>(i)));
+    write_out(op, first, cnt, pl);
     if (!op.have_bitmap) {
       op.have_bitmap = true;
       op.bitmap = h.bitmap;
@@ -279,96 +385,158 @@ struct UdpReducer::Impl {
     }
     if (h.flags & proto::kFlagNotCounted) st.not_counted++;
     st.results++;
+    const uint64_t now = mono_us();
+    if (k.sends == 1) on_rtt(now - k.first_send, now);
     k.done = true;
     op.done++;
-    while (!window.empty() && window.front().done) {
-      window.pop_front();
-      ++base;
-    }
+    while (base < sent_end && ring[base % S].done) ++base;
     while (!ops.empty() && ops.front()->complete() && ops.front()->first_seq + ops.front()->npkts <= base) ops.pop_front();
   }
 
   // ---- outgoing ---------------------------------------------------------------------------------
 
-  std::shared_ptr<Op> op_for_seq(uint64_t seq) {
+  Op* op_for_seq(uint64_t seq) {
     // Searched from the back: new packets belong to the newest ops.
     for (auto it = ops.rbegin(); it != ops.rend(); ++it)
-      if (seq >= (*it)->first_seq && seq < (*it)->first_seq + (*it)->npkts) return *it;
+      if (seq >= (*it)->first_seq && seq < (*it)->first_seq + (*it)->npkts) return it->get();
     return nullptr;
   }
 
   void build(Pkt& k) {
     Op& op = *k.op;
     const uint64_t idx = k.seq - op.first_seq;
-    const uint64_t first = idx * proto::kLanes;
-    const uint64_t cnt = std::min<uint64_t>(proto::kLanes, op.count - first);
+    const uint64_t first = idx * static_cast<uint64_t>(op.lanes);
+    const uint64_t cnt = std::min<uint64_t>(static_cast<uint64_t>(op.lanes), op.count - first);
     proto::Header h;
-    h.type = op.kind == Kind::kMax ? proto::MsgType::kDataMax
-             : op.kind == Kind::kSum ? proto::MsgType::kDataValue
-                                     : proto::MsgType::kDataIndex;
-    h.job = opt.job_id;
+    h.type = op.type;
+    h.flags = idx == 0 ? proto::kFlagFirst : 0;
+    h.job = job;
+    h.shard = opt.shard;
     h.worker = static_cast<uint16_t>(opt.rank);
     h.nworkers = static_cast<uint16_t>(opt.world);
     h.slot = static_cast<uint16_t>(k.seq % S);
     h.shadow = static_cast<uint8_t>((k.seq / S) & 1);
+    h.lanes = static_cast<uint16_t>(op.lanes);
     h.enc = op.enc;
     h.bits = static_cast<uint8_t>(op.kind == Kind::kLookup ? op.bits : 0);
     h.count = static_cast<uint16_t>(cnt);
-    h.token = opt.token;
     h.seq = k.seq;
     h.op = op.id;
     h.aux = op.kind == Kind::kLookup ? op.table_id : 0;
-    const size_t plen = proto::data_payload_bytes(h.type, h.enc, h.bits);
-    k.wire.assign(proto::kHeaderBytes + plen, 0);
-    proto::write_header(h, k.wire.data(), k.wire.size());
-    uint8_t* pl = k.wire.data() + proto::kHeaderBytes;
+    const size_t plen = proto::data_payload_bytes(h.type, h.enc, h.bits, op.lanes);
+    uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
+    proto::write_header(h, w, max_dgram);
+    uint8_t* pl = w + proto::kHeaderBytes;
+    std::memset(pl, 0, plen);
     if (op.kind == Kind::kLookup) {
       proto::copy_indices(op.packed, first, cnt, op.bits, pl);
     } else {
-      const size_t w = proto::wire_int_bytes(op.enc);
-      for (uint64_t i = 0; i < cnt; ++i) proto::store_lane(op.enc, pl, static_cast<int>(i), host_get(op.data, w, first + i));
+      const size_t wb = proto::wire_int_bytes(op.enc);
+      const uint8_t* in = static_cast<const uint8_t*>(op.data) + first * wb;
+      if (wb == 1) {
+        std::memcpy(pl, in, cnt);
+      } else if (wb == 2) {
+        for (uint64_t i = 0; i < cnt; ++i) {
+          uint16_t v;
+          std::memcpy(&v, in + 2 * i, 2);
+          proto::store_be16(pl + 2 * i, v);
+        }
+      } else {
+        for (uint64_t i = 0; i < cnt; ++i) {
+          uint32_t v;
+          std::memcpy(&v, in + 4 * i, 4);
+          proto::store_be32(pl + 4 * i, v);
+        }
+      }
     }
+    k.len = static_cast<uint32_t>(proto::kHeaderBytes + plen);
+    k.plhash = auth::payload_hash(dkey, pl, plen);
+    proto::store_be64(w + proto::kTagOffset, auth::tag_from_hash(dkey, w, k.plhash));
+  }
+
+  // Pacing: credit accrues at gain * cwnd / srtt packets' worth of bytes per second, up to one
+  // GSO buffer's worth of burst.
+  void refill(uint64_t now) {
+    if (!opt.pacing || !have_rtt) {
+      tokens = 1e18;
+      return;
+    }
+    const double pkt = static_cast<double>(max_dgram);
+    const double gain = slow_start ? 2.0 : 1.25;
+    const double rate = gain * cwnd * pkt / std::max(srtt, 1.0);  // bytes per us
+    tokens = std::min(tokens + rate * static_cast<double>(now - token_time), 64.0 * pkt);
+    token_time = now;
   }
 
   void send_new(uint64_t now) {
-    while (sent_end < next_seq && sent_end < base + W) {
-      Pkt k;
+    refill(now);
+    const uint64_t win = static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)));
+    while (sent_end < next_seq && sent_end < base + win && sent_end < base + S) {
+      if (tokens < static_cast<double>(max_dgram) && tokens < 1e17) break;
+      Pkt& k = ring[sent_end % S];
+      k = Pkt{};
       k.seq = sent_end;
       k.op = op_for_seq(k.seq);
       if (!k.op) die(Status::kInternal, where() + ": no operation for packet seq " + std::to_string(k.seq));
       build(k);
       k.first_send = now;
-      k.rto_us = opt.rto_initial_ms * 1000.0;
-      k.next_send = now + static_cast<uint64_t>(k.rto_us);
+      k.rto_us = rto_us();
+      k.deadline = now + k.rto_us;
       k.sends = 1;
-      send_dgram(k.wire.data(), k.wire.size());
-      window.push_back(std::move(k));
+      next_rto_check = std::min(next_rto_check, k.deadline);
+      send_dgram(arena.data() + (k.seq % S) * max_dgram, k.len);
+      st.data_packets++;
+      if (tokens < 1e17) tokens -= k.len;
       ++sent_end;
     }
   }
 
+  // When send_new can go on (pacing), or kNever.
+  uint64_t next_send_time(uint64_t now) const {
+    const uint64_t win = static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)));
+    if (!(sent_end < next_seq && sent_end < base + win && sent_end < base + S)) return kNever;
+    if (!opt.pacing || !have_rtt || tokens >= static_cast<double>(max_dgram)) return now;
+    const double gain = slow_start ? 2.0 : 1.25;
+    const double rate = gain * cwnd * static_cast<double>(max_dgram) / std::max(srtt, 1.0);
+    return now + static_cast<uint64_t>((static_cast<double>(max_dgram) - tokens) / std::max(rate, 1e-9)) + 1;
+  }
+
   void retransmit(uint64_t now) {
-    for (Pkt& k : window) {
-      if (k.done || k.next_send > now) continue;
+    if (now < next_rto_check) return;
+    uint64_t next = kNever;
+    bool lost = false;
+    for (uint64_t s = base; s < sent_end; ++s) {
+      Pkt& k = ring[s % S];
+      if (k.done) continue;
+      if (k.deadline > now) {
+        next = std::min(next, k.deadline);
+        continue;
+      }
       if (static_cast<double>(now - k.first_send) > opt.max_wait_ms * 1000.0) {
         std::string why = where() + ": timeout: no result for packet seq " + std::to_string(k.seq) + " (op " +
                           std::to_string(k.op->id) + ", slot " + std::to_string(k.seq % S) + ") after " +
                           std::to_string(k.sends) + " transmissions over " + std::to_string((now - k.first_send) / 1000) +
-                          " ms; a worker of the job may have died or the aggregator is unreachable";
+                          " ms; a worker of the job may have died (without a quorum the job waits for every "
+                          "worker), or the aggregator is unreachable or restarted";
         why += last_error();
         die(Status::kTimeout, why);
       }
-      const uint16_t flags = static_cast<uint16_t>(proto::load_be16(k.wire.data() + 6) | proto::kFlagRetransmit);
-      proto::store_be16(k.wire.data() + 6, flags);
-      send_dgram(k.wire.data(), k.wire.size());
+      uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
+      proto::store_be16(w + 6, static_cast<uint16_t>(proto::load_be16(w + 6) | proto::kFlagRetransmit));
+      proto::store_be64(w + proto::kTagOffset, auth::tag_from_hash(dkey, w, k.plhash));
+      send_dgram(w, k.len);
       st.retransmissions++;
+      lost = true;
       k.sends++;
-      k.rto_us = std::min(k.rto_us * opt.rto_backoff, opt.rto_max_ms * 1000.0);
-      k.next_send = now + static_cast<uint64_t>(k.rto_us);
+      k.rto_us = static_cast<uint32_t>(std::min<double>(k.rto_us * 2.0, opt.rto_max_ms * 1000.0));
+      k.deadline = now + k.rto_us;
+      next = std::min(next, k.deadline);
     }
+    next_rto_check = next;
+    if (lost) on_loss(now);
   }
 
-  // One nonblocking round: receive, retransmit, send what the window allows.
+  // One nonblocking round: receive, retransmit, send what the window and pacing allow.
   void progress() {
     check_broken();
     receive_all();
@@ -376,44 +544,52 @@ struct UdpReducer::Impl {
     pump_faults(now);
     retransmit(now);
     send_new(now);
+    ch->flush();
   }
 
-  // Block until pred() or a fatal error; poll() sleeps until the next retransmission is due.
+  // When this instance next needs attention (retransmission, pacing, fault release).
+  uint64_t next_due(uint64_t now) const {
+    uint64_t due = std::min(next_rto_check, next_send_time(now));
+    due = std::min(due, std::min(tx_fault.next_due(), rx_fault.next_due()));
+    return due;
+  }
+
+  // Block until pred() or a fatal error.
   template <typename Pred>
   void wait_until(Pred pred) {
     for (;;) {
       progress();
       if (pred()) return;
       const uint64_t now = mono_us();
-      uint64_t due = now + 20'000;
-      for (const Pkt& k : window)
-        if (!k.done) due = std::min(due, k.next_send);
-      due = std::min(due, std::min(tx_fault.next_due(), rx_fault.next_due()));
-      const int ms = due <= now ? 0 : static_cast<int>((due - now + 999) / 1000);
-      ch->wait(ms);
+      const uint64_t due = std::min(next_due(now), now + 20'000);
+      if (ch->pending()) continue;
+      ch->wait_us(due <= now ? 0 : due - now);
     }
   }
 
   // ---- control round trips ------------------------------------------------------------------
 
-  // Send a control message until its reply arrives; returns the reply header (payload in
-  // ctl_payload). Data progress continues meanwhile.
-  proto::Header control(proto::MsgType type, const std::vector<uint8_t>& body, proto::MsgType want, double max_wait_ms) {
+  // Send a control message until a reply with its nonce arrives; returns the reply header
+  // (payload in ctl_payload). Data progress continues meanwhile. The JOIN path takes any of its
+  // reply types (CHALLENGE or JOIN_ACK).
+  proto::Header control(proto::MsgType type, const std::vector<uint8_t>& body, const auth::TagKey& key,
+                        double max_wait_ms) {
     check_broken();
     ++ctl_nonce;
     ctl_have = false;
     proto::Header h;
     h.type = type;
-    h.job = opt.job_id;
+    h.job = job;
+    h.shard = opt.shard;
     h.worker = static_cast<uint16_t>(opt.rank);
     h.nworkers = static_cast<uint16_t>(opt.world);
-    h.token = opt.token;
     h.seq = ctl_nonce;
     std::vector<uint8_t> pkt(proto::kHeaderBytes + body.size());
     proto::write_header(h, pkt.data(), pkt.size());
     std::copy(body.begin(), body.end(), pkt.begin() + proto::kHeaderBytes);
+    auth::sign(key, pkt.data(), pkt.size());
     const uint64_t start = mono_us();
-    double rto = opt.rto_initial_ms * 1000.0;
+    double rto = std::max(opt.rto_initial_ms, 1.0) * 1000.0;
     uint64_t next = start;
     int sends = 0;
     for (;;) {
@@ -422,45 +598,96 @@ struct UdpReducer::Impl {
         if (static_cast<double>(now - start) > max_wait_ms * 1000.0) {
           std::string why = where() + ": timeout: no reply to " + proto::msg_type_name(type) + " after " +
                             std::to_string(sends) + " transmissions over " + std::to_string((now - start) / 1000) +
-                            " ms; is thc-aggregator running at " + ch->peer() + "?";
+                            " ms; is an aggregator (protocol version " + std::to_string(proto::kVersion) +
+                            ") running at " + ch->peer() + ", and does it hold key id " + std::to_string(opt.key.id) +
+                            "? (it drops what it cannot authenticate, silently)";
           why += last_error();
           die(Status::kTimeout, why);
         }
         send_dgram(pkt.data(), pkt.size());
         ++sends;
         next = now + static_cast<uint64_t>(rto);
-        rto = std::min(rto * opt.rto_backoff, opt.rto_max_ms * 1000.0);
+        rto = std::min(rto * 2, opt.rto_max_ms * 1000.0 * 5);
       }
       progress();
-      if (ctl_have) {
-        if (ctl_hdr.type != want) die(Status::kInternal, where() + ": unexpected reply type to " + proto::msg_type_name(type));
-        return ctl_hdr;
-      }
+      if (ctl_have) return ctl_hdr;
       now = mono_us();
-      const uint64_t due = std::min(next, std::min(tx_fault.next_due(), rx_fault.next_due()));
-      const int ms = due <= now ? 0 : static_cast<int>(std::min<uint64_t>((due - now + 999) / 1000, 20));
-      ch->wait(ms);
+      const uint64_t due = std::min(next, next_due(now));
+      if (!ch->pending()) ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
     }
   }
 
-  void join() {
-    proto::JoinBody b;
-    b.quorum = static_cast<uint16_t>(opt.quorum > 0 ? opt.quorum : opt.world);
-    b.slots = static_cast<uint16_t>(std::min(opt.window, proto::kMaxSlots));
-    b.quorum_timeout_us = opt.quorum_timeout_us;
-    std::vector<uint8_t> body(proto::kMaxPacketBytes);
-    body.resize(proto::write_join(b, body.data(), body.size()));
-    control(proto::MsgType::kJoin, body, proto::MsgType::kJoinAck, opt.max_wait_ms);
-    proto::JoinAckBody a;
-    if (proto::parse_join_ack(ctl_payload.data(), ctl_payload.size(), &a) != proto::ParseError::kOk)
-      die(Status::kTransport, where() + ": malformed JOIN_ACK");
-    if (a.nworkers != opt.world || a.quorum != b.quorum)
-      die(Status::kConfigMismatch, where() + ": the job has " + std::to_string(a.nworkers) + " workers, quorum " +
-                                       std::to_string(a.quorum) + "; this worker asked for " + std::to_string(opt.world) +
-                                       ", quorum " + std::to_string(b.quorum));
-    seed = a.seed;
-    S = a.slots;
-    W = std::min<uint32_t>(S, static_cast<uint32_t>(opt.window));
+  void join(bool rejoin) {
+    const uint64_t start = mono_us();
+    uint8_t cookie[proto::kCookieBytes] = {};
+    for (;;) {
+      proto::JoinBody b;
+      std::memcpy(b.cookie, cookie, sizeof cookie);
+      b.quorum = static_cast<uint16_t>(opt.quorum > 0 ? opt.quorum : opt.world);
+      b.slots = static_cast<uint16_t>(std::clamp(opt.slots, 1, proto::kMaxSlots));
+      b.quorum_timeout_us = opt.quorum_timeout_us;
+      b.max_lanes = static_cast<uint16_t>(opt.max_lanes);
+      b.payload_budget = static_cast<uint16_t>(budget_wanted());
+      b.flags = rejoin ? proto::kJoinRejoin : 0;
+      std::vector<uint8_t> body(proto::kJoinFixedBytes + proto::kTableHeaderBytes);
+      body.resize(proto::write_join(b, body.data(), body.size()));
+      const double left = opt.max_wait_ms - static_cast<double>(mono_us() - start) / 1000.0;
+      if (left <= 0) die(Status::kTimeout, where() + ": timeout: could not (re)join the job within max_wait_ms");
+      const proto::Header r = control(proto::MsgType::kJoin, body, jkey, left);
+      if (r.type == proto::MsgType::kChallenge) {
+        std::memcpy(cookie, ctl_payload.data(), sizeof cookie);
+        continue;
+      }
+      if (r.type != proto::MsgType::kJoinAck) die(Status::kTransport, where() + ": unexpected reply to JOIN");
+      proto::JoinAckBody a;
+      if (proto::parse_join_ack(ctl_payload.data(), ctl_payload.size(), &a) != proto::ParseError::kOk)
+        die(Status::kTransport, where() + ": malformed JOIN_ACK");
+      if (a.nworkers != opt.world || a.quorum != b.quorum)
+        die(Status::kConfigMismatch, where() + ": the job has " + std::to_string(a.nworkers) + " workers, quorum " +
+                                         std::to_string(a.quorum) + "; this worker asked for " +
+                                         std::to_string(opt.world) + ", quorum " + std::to_string(b.quorum));
+      if (rejoin && !(a.resume_flags & proto::kResumeKnown)) {
+        // The job's next op has not started yet: ask again shortly (its first packet tells the
+        // aggregator where it starts).
+        std::memset(cookie, 0, sizeof cookie);
+        const uint64_t t0 = mono_us();
+        while (mono_us() - t0 < 1000) {
+          progress();
+          ch->wait_us(200);
+        }
+        continue;
+      }
+      const bool fresh = seed == 0;
+      if (!fresh && a.seed != seed)
+        die(Status::kTransport, where() + ": the aggregator restarted the job (new seed) while this worker was away");
+      seed = a.seed;
+      dkey = auth::data_key(opt.key, job, seed);
+      L = a.max_lanes;
+      budget = a.payload_budget;
+      shards = a.shards;
+      if (fresh) {
+        S = a.slots;
+        max_dgram = proto::kHeaderBytes + static_cast<size_t>(budget);
+        ring.assign(S, Pkt{});
+        arena.assign(static_cast<size_t>(S) * max_dgram, 0);
+        cwnd = std::min<double>(opt.window_init, S);
+        clamp_cwnd();
+      }
+      if (rejoin) {
+        next_op = a.resume_op;
+        next_seq = a.resume_seq;
+        base = sent_end = next_seq;
+        for (TableEntry& t : tables) t = TableEntry{};  // reinstall on use
+        st.rejoins++;
+      }
+      return;
+    }
+  }
+
+  int budget_wanted() const {
+    const int path = ch->payload_budget();
+    const int want = opt.payload_budget > 0 ? std::min(opt.payload_budget, path) : path;
+    return std::clamp(want, proto::kLaneQuantum / 2, proto::kMaxPayloadBudget);
   }
 
   // Table id for (table, sum type), installing it on first use.
@@ -483,16 +710,16 @@ struct UdpReducer::Impl {
         if (tables[i].last_use < tables[id].last_use) id = i;
       // Recycling an id: our earlier requests must be complete, so every slot that could still
       // look the old table up is Done (every worker's ops precede ours in the same order).
-      wait_until([&] { return window.empty() && sent_end == next_seq; });
+      wait_until([&] { return base == next_seq; });
     }
     proto::TableSpec spec;
     spec.id = static_cast<uint8_t>(id);
     spec.bits = static_cast<uint8_t>(t.bits);
     spec.sum = sum;
     std::copy(t.values.begin(), t.values.begin() + static_cast<std::ptrdiff_t>(entries), spec.values);
-    std::vector<uint8_t> body(proto::kMaxPacketBytes);
+    std::vector<uint8_t> body(proto::kTableHeaderBytes + 4 * proto::kMaxTableEntries);
     body.resize(proto::write_table(spec, body.data(), body.size()));
-    control(proto::MsgType::kTable, body, proto::MsgType::kTableAck, opt.max_wait_ms);
+    control(proto::MsgType::kTable, body, dkey, opt.max_wait_ms);
     TableEntry& e = tables[id];
     e.valid = true;
     e.bits = t.bits;
@@ -502,20 +729,42 @@ struct UdpReducer::Impl {
     return static_cast<uint8_t>(id);
   }
 
+  void before_enqueue() {
+    check_broken();
+    if (need_rejoin) {
+      need_rejoin = false;
+      join(true);
+    }
+  }
+
   std::shared_ptr<Op> enqueue(std::shared_ptr<Op> op) {
+    op->type = op->kind == Kind::kMax ? proto::MsgType::kDataMax
+               : op->kind == Kind::kSum ? proto::MsgType::kDataValue
+                                        : proto::MsgType::kDataIndex;
+    op->lanes = proto::lanes_for(op->type, op->enc, op->bits, L, budget);
+    if (op->lanes < proto::kLaneQuantum)
+      die(Status::kInvalidArgument, where() + ": the job's payload budget (" + std::to_string(budget) +
+                                        " bytes) cannot carry 64 lanes of this encoding");
     op->id = next_op++;
     op->first_seq = next_seq;
-    op->npkts = (op->count + proto::kLanes - 1) / proto::kLanes;
+    op->npkts = (op->count + static_cast<uint64_t>(op->lanes) - 1) / static_cast<uint64_t>(op->lanes);
     next_seq += op->npkts;
     if (op->npkts > 0) ops.push_back(op);
     send_new(mono_us());
+    ch->flush();
     return op;
   }
 
   void leave() {
-    if (!ch || broken) return;
+    if (!ch || broken || seed == 0) return;
     try {
-      control(proto::MsgType::kLeave, {}, proto::MsgType::kLeaveAck, std::min(opt.max_wait_ms, 500.0));
+      // Give queued operations of dropped requests a bounded chance to finish first.
+      const uint64_t t0 = mono_us();
+      while (base < next_seq && mono_us() - t0 < 200'000) {
+        progress();
+        ch->wait_us(1000);
+      }
+      control(proto::MsgType::kLeave, {}, dkey, std::min(opt.max_wait_ms, 500.0));
     } catch (const Error&) {
       // Best effort: an unreachable aggregator expires the job by idleness.
     }
@@ -528,13 +777,21 @@ class UdpRequest final : public Request {
  public:
   UdpRequest(UdpReducer::Impl* impl, std::shared_ptr<Op> op) : impl_(impl), op_(std::move(op)) {}
   ~UdpRequest() override {
-    // The other workers need this worker's packets: finish the operation even if nobody waits
-    // (error paths), unless the client is already broken.
-    if (!op_->complete() && !impl_->broken) {
-      try {
-        wait();
-      } catch (...) {
-      }
+    // Never blocks: the other workers still need this worker's packets, so an unfinished
+    // operation keeps going on copies of its buffers, driven by later calls.
+    Op& op = *op_;
+    if (op.complete() || impl_->broken) return;
+    const size_t w = proto::wire_int_bytes(op.enc);
+    if (op.kind == Kind::kLookup) {
+      op.owned_in.assign(op.packed, op.packed + (op.count * static_cast<uint64_t>(op.bits) + 7) / 8);
+      op.packed = op.owned_in.data();
+      op.owned_out.assign(op.count * w, 0);
+      op.data = op.owned_out.data();
+    } else {
+      const size_t bytes = op.count * (op.kind == Kind::kMax ? 4 : w);
+      const uint8_t* d = static_cast<const uint8_t*>(op.data);
+      op.owned_in.assign(d, d + bytes);
+      op.data = op.owned_in.data();
     }
   }
   bool test() override {
@@ -543,9 +800,12 @@ class UdpRequest final : public Request {
   }
   void wait() override {
     if (!op_->complete()) impl_->wait_until([&] { return op_->complete(); });
+    if (op_->failed != Status::kSuccess) fail(op_->failed, op_->fail_msg);
     if (op_->inconsistent)
-      fail(Status::kInternal, impl_->where() + ": packets of op " + std::to_string(op_->id) +
-                                  " carry different contributor sets (aggregator bug)");
+      fail(Status::kTimeout, impl_->where() + ": a worker of the job stopped in the middle of op " +
+                                 std::to_string(op_->id) +
+                                 " (its packets carry different contributor sets): this call's result is incomplete "
+                                 "and was not used; the job goes on without that worker");
   }
   int contributors() const override {
     return op_->npkts == 0 ? impl_->opt.world : __builtin_popcountll(op_->bitmap);
@@ -565,25 +825,38 @@ UdpReducer::UdpReducer(const UdpClientOptions& o, std::unique_ptr<DatagramChanne
   m.opt = o;
   UdpClientOptions& opt = m.opt;
   if (opt.world < 1 || opt.world > proto::kMaxWorkers)
-    fail(Status::kInvalidArgument, "udp client: world size " + std::to_string(opt.world) + " outside 1..64");
+    fail(Status::kInvalidArgument, "aggregator client: world size " + std::to_string(opt.world) + " outside 1..64");
   if (opt.rank < 0 || opt.rank >= opt.world)
-    fail(Status::kInvalidArgument, "udp client: rank " + std::to_string(opt.rank) + " outside 0.." + std::to_string(opt.world - 1));
+    fail(Status::kInvalidArgument, "aggregator client: rank " + std::to_string(opt.rank) + " outside 0.." +
+                                       std::to_string(opt.world - 1));
   if (opt.quorum < 0 || opt.quorum > opt.world)
-    fail(Status::kInvalidArgument, "udp client: quorum " + std::to_string(opt.quorum) + " outside 0..world");
-  if (opt.window < 1) fail(Status::kInvalidArgument, "udp client: window must be >= 1");
-  if (!(opt.rto_initial_ms > 0) || !(opt.rto_backoff >= 1) || !(opt.rto_max_ms >= opt.rto_initial_ms) || !(opt.max_wait_ms > 0))
-    fail(Status::kInvalidArgument, "udp client: need rto_initial_ms > 0, rto_backoff >= 1, rto_max_ms >= rto_initial_ms, max_wait_ms > 0");
+    fail(Status::kInvalidArgument, "aggregator client: quorum " + std::to_string(opt.quorum) + " outside 0..world");
+  if (opt.key.id == auth::kOperatorKeyId)
+    fail(Status::kInvalidArgument, "aggregator client: no tenant key (THC_AGGREGATOR_KEY or THC_AGGREGATOR_KEY_FILE; "
+                                   "key id 0 is the operator's and creates no jobs)");
+  if (opt.window_init < 1 || opt.window_min < 1 || opt.slots < 1)
+    fail(Status::kInvalidArgument, "aggregator client: window_init, window_min and slots must be >= 1");
+  if (opt.max_lanes < proto::kLaneQuantum || opt.max_lanes > proto::kMaxLanes)
+    fail(Status::kInvalidArgument, "aggregator client: max_lanes must be 64..8192");
+  if (!(opt.rto_initial_ms > 0) || !(opt.rto_min_ms > 0) || !(opt.rto_max_ms >= opt.rto_min_ms) ||
+      !(opt.max_wait_ms > 0) || !(opt.target_delay_ms > 0))
+    fail(Status::kInvalidArgument,
+         "aggregator client: need rto_initial_ms > 0, rto_min_ms > 0, rto_max_ms >= rto_min_ms, max_wait_ms > 0, "
+         "target_delay_ms > 0");
   if (opt.fault_from_env) {
     std::string bad;
-    if (!thc::fault_options_from_env(&opt.fault, &bad))
-      fail(Status::kInvalidArgument, "udp client: environment variable " + bad + " is malformed (probabilities 0..1, integers)");
+    if (!fault_options_from_env(&opt.fault, &bad))
+      fail(Status::kInvalidArgument,
+           "aggregator client: environment variable " + bad + " is malformed (probabilities 0..1, integers)");
   }
   m.all = opt.world >= 64 ? ~uint64_t{0} : (uint64_t{1} << opt.world) - 1;
-  const uint64_t stream = static_cast<uint64_t>(opt.rank) * 2;
+  const uint64_t stream = static_cast<uint64_t>(opt.rank) * 2 + static_cast<uint64_t>(opt.shard) * 1024;
   m.tx_fault = FaultInjector(opt.fault, 1000 + stream);
   m.rx_fault = FaultInjector(opt.fault, 1001 + stream);
+  m.job = proto::make_job_id(opt.key.id, opt.job_label);
+  m.jkey = auth::join_key(opt.key, m.job);
   m.ch = channel ? std::move(channel) : make_udp_channel(opt.address);
-  m.join();
+  m.join(false);
 }
 
 UdpReducer::~UdpReducer() {
@@ -592,14 +865,49 @@ UdpReducer::~UdpReducer() {
 }
 
 std::string UdpReducer::name() const { return impl_->ch->kind(); }
-
 int UdpReducer::rank() const { return impl_->opt.rank; }
 int UdpReducer::size() const { return impl_->opt.world; }
 uint64_t UdpReducer::shared_seed() const { return impl_->seed; }
 int UdpReducer::slots() const { return static_cast<int>(impl_->S); }
-UdpClientStats UdpReducer::stats() const { return impl_->st; }
+int UdpReducer::shards_offered() const { return impl_->shards; }
+
+UdpClientStats UdpReducer::stats() const {
+  UdpClientStats s = impl_->st;
+  s.min_rtt_us = impl_->min_rtt;
+  s.srtt_us = impl_->srtt;
+  s.cwnd = impl_->cwnd;
+  s.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, impl_->L, impl_->budget);
+  return s;
+}
+
+std::string UdpReducer::wire_stats() const {
+  const UdpClientStats s = stats();
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "packets=%llu retransmissions=%llu (%.2f%%) lanes=%d cwnd=%.0f srtt=%.0fus min_rtt=%.0fus "
+                "not_counted=%llu left_behind=%llu",
+                static_cast<unsigned long long>(s.data_packets), static_cast<unsigned long long>(s.retransmissions),
+                s.data_packets ? 100.0 * static_cast<double>(s.retransmissions) / static_cast<double>(s.data_packets) : 0.0,
+                s.lanes, s.cwnd, s.srtt_us, s.min_rtt_us, static_cast<unsigned long long>(s.not_counted),
+                static_cast<unsigned long long>(s.left_behind));
+  return buf;
+}
+
+bool UdpReducer::wire_counters(WireCounters* out) const {
+  out->bytes_sent = impl_->st.bytes_sent;
+  out->bytes_received = impl_->st.bytes_received;
+  out->packets = impl_->st.data_packets;
+  out->retransmissions = impl_->st.retransmissions;
+  return true;
+}
+
+uint64_t InstanceView::next_due(UdpReducer& r, uint64_t now) { return r.impl().next_due(now); }
+int InstanceView::fd(UdpReducer& r) { return r.impl().ch->poll_fd(); }
+bool InstanceView::pending(UdpReducer& r) { return r.impl().ch->pending(); }
+void InstanceView::progress(UdpReducer& r) { r.impl().progress(); }
 
 void UdpReducer::max_u32(uint32_t* data, size_t n) {
+  impl_->before_enqueue();
   auto op = std::make_shared<Op>();
   op->kind = Kind::kMax;
   op->count = n;
@@ -610,7 +918,7 @@ void UdpReducer::max_u32(uint32_t* data, size_t n) {
 }
 
 std::unique_ptr<Request> UdpReducer::start_sum(void* data, uint64_t count, IntType type) {
-  impl_->check_broken();
+  impl_->before_enqueue();
   auto op = std::make_shared<Op>();
   op->kind = Kind::kSum;
   op->count = count;
@@ -621,9 +929,9 @@ std::unique_ptr<Request> UdpReducer::start_sum(void* data, uint64_t count, IntTy
 
 std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,
                                                       void* sums, IntType type, const DownstreamCodec* /*down*/) {
-  impl_->check_broken();
+  impl_->before_enqueue();
   if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
-    fail(Status::kInvalidArgument, "udp client: lookup table needs 1..8 bits and 2^bits values (got bits=" +
+    fail(Status::kInvalidArgument, "aggregator client: lookup table needs 1..8 bits and 2^bits values (got bits=" +
                                        std::to_string(table.bits) + ", " + std::to_string(table.values.size()) + " values)");
   auto op = std::make_shared<Op>();
   op->kind = Kind::kLookup;
@@ -636,8 +944,6 @@ std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uin
   return std::make_unique<UdpRequest>(impl_.get(), impl_->enqueue(op));
 }
 
-std::unique_ptr<Reducer> make_udp_client(const UdpClientOptions& opt) { return std::make_unique<UdpReducer>(opt); }
-
 // ---- the UDP socket channel -----------------------------------------------------------------
 
 namespace {
@@ -647,88 +953,95 @@ class UdpChannel final : public DatagramChannel {
   explicit UdpChannel(const std::string& address) {
     std::string host, err;
     uint16_t port = 0;
-    if (!thc::parse_udp_url(address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
-    if (!thc::resolve_udp(host, port, &agg_, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
-    fd_ = thc::open_udp_socket(agg_, 4 << 20);
+    if (!parse_udp_url(address, &host, &port, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    if (!resolve_udp(host, port, &agg_, &err)) fail(Status::kInvalidArgument, "udp client: " + err);
+    fd_ = open_udp_socket(agg_, 8 << 20);
     const sys::SysResult r = THC_SYS(::connect(fd_, reinterpret_cast<const sockaddr*>(&agg_.ss), agg_.len));
     if (!r.ok()) {
       ::close(fd_);
       r.fail(Status::kTransport);
     }
+    io_ = std::make_unique<UdpBatch>(fd_, true);
+    // The path MTU the kernel knows for this destination (the route's or the interface's).
+    int mtu = 0;
+    socklen_t len = sizeof mtu;
+    const bool v6 = agg_.ss.ss_family == AF_INET6;
+    if (THC_SYS(::getsockopt(fd_, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_MTU : IP_MTU, &mtu, &len)).ok() && mtu >= 576)
+      budget_ = mtu - (v6 ? 40 : 20) - 8 - static_cast<int>(proto::kHeaderBytes);
+    else
+      budget_ = proto::kPayloadBudget1500;
   }
   ~UdpChannel() override {
     flush();
     ::close(fd_);
   }
-  // Batched: the client sends a window's worth back to back, then receives; one sendmmsg per
-  // batch instead of one send per datagram. Flushed before every receive and wait.
   void send(const uint8_t* p, size_t n) override {
-    if (n > kMaxDatagram) {
-      err_ = EMSGSIZE;
-      return;
-    }
-    std::memcpy(bufs_[queued_].data(), p, n);
-    lens_[queued_] = n;
-    if (++queued_ == kBatch) flush();
+    io_->queue(agg_, p, n);
+    if (io_->queued() >= 256) flush();
   }
+  void flush() override { io_->flush(); }
   size_t recv(uint8_t* buf, size_t cap) override {
     flush();
-    const sys::SysResult r = THC_SYS(::recv(fd_, buf, cap, MSG_DONTWAIT));
-    if (!r.ok()) {
-      if (!r.would_block()) err_ = r.err;  // e.g. ECONNREFUSED: nobody at the aggregator port
-      return 0;
+    if (next_ >= in_.size()) {
+      next_ = 0;
+      if (io_->recv_batch(&in_, 256) == 0) return 0;
     }
-    return static_cast<size_t>(r.rc);  // (an empty datagram reads as "none": the parser would drop it anyway)
+    const UdpBatch::Datagram& d = in_[next_++];
+    const size_t n = std::min(cap, d.len);
+    std::memcpy(buf, d.data, n);
+    return n;
   }
-  void wait(int timeout_ms) override {
+  bool pending() const override { return next_ < in_.size(); }
+  void wait_us(uint64_t timeout_us) override {
     flush();
+    if (pending()) return;
     pollfd pfd{fd_, POLLIN, 0};
-    (void)THC_SYS(::poll(&pfd, 1, timeout_ms));
+    timespec ts{static_cast<time_t>(timeout_us / 1'000'000), static_cast<long>((timeout_us % 1'000'000) * 1000)};
+    (void)THC_SYS(::ppoll(&pfd, 1, &ts, nullptr));
   }
+  int poll_fd() const override { return fd_; }
+  int payload_budget() const override { return budget_; }
   std::string kind() const override { return "udp"; }
   std::string peer() const override { return agg_.str(); }
-  std::string last_error() const override { return err_ ? std::strerror(err_) : std::string(); }
-
- private:
-  void flush() {
-    size_t done = 0;
-    while (done < queued_) {
-      mmsghdr msgs[kBatch];
-      iovec iov[kBatch];
-      const size_t m = queued_ - done;
-      for (size_t i = 0; i < m; ++i) {
-        iov[i] = iovec{bufs_[done + i].data(), lens_[done + i]};
-        std::memset(&msgs[i], 0, sizeof msgs[i]);
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int rc = ::sendmmsg(fd_, msgs, static_cast<unsigned>(m), MSG_DONTWAIT);
-      if (rc < 0) {
-        if (errno == EINTR) continue;
-        // EAGAIN/ENOBUFS/ECONNREFUSED: the rest of the batch is lost, retransmission recovers it.
-        err_ = errno;
-        break;
-      }
-      done += static_cast<size_t>(rc);
-      if (rc == 0) break;
-    }
-    queued_ = 0;
+  std::string last_error() const override {
+    const int e = io_->stats().last_errno;
+    return e ? std::strerror(e) : std::string();
   }
 
-  static constexpr size_t kBatch = 32;
-  static constexpr size_t kMaxDatagram = proto::kMaxPacketBytes;
+ private:
   PeerAddr agg_;
   int fd_ = -1;
-  int err_ = 0;
-  std::vector<std::vector<uint8_t>> bufs_ = std::vector<std::vector<uint8_t>>(kBatch, std::vector<uint8_t>(kMaxDatagram));
-  size_t lens_[kBatch] = {};
-  size_t queued_ = 0;
+  int budget_ = proto::kPayloadBudget1500;
+  std::unique_ptr<UdpBatch> io_;
+  std::vector<UdpBatch::Datagram> in_;
+  size_t next_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<DatagramChannel> make_udp_channel(const std::string& address) {
   return std::make_unique<UdpChannel>(address);
+}
+
+auth::Key aggregator_key_from_env() {
+  std::string err;
+  auth::Key k;
+  if (const char* v = std::getenv("THC_AGGREGATOR_KEY"); v && *v) {
+    if (!auth::parse_key(v, &k, &err)) fail(Status::kInvalidArgument, "THC_AGGREGATOR_KEY: " + err);
+    if (k.id == auth::kOperatorKeyId)
+      fail(Status::kInvalidArgument, "THC_AGGREGATOR_KEY: key id 0 is the operator key; workers need a tenant key");
+    return k;
+  }
+  if (const char* f = std::getenv("THC_AGGREGATOR_KEY_FILE"); f && *f) {
+    std::vector<auth::Key> keys;
+    if (!auth::load_key_file(f, &keys, &err)) fail(Status::kInvalidArgument, "THC_AGGREGATOR_KEY_FILE: " + err);
+    for (const auth::Key& x : keys)
+      if (x.id != auth::kOperatorKeyId) return x;
+    fail(Status::kInvalidArgument, std::string("THC_AGGREGATOR_KEY_FILE: ") + f + " holds no tenant key (id != 0)");
+  }
+  fail(Status::kInvalidArgument,
+       "no aggregator key: set THC_AGGREGATOR_KEY=ID:HEX or THC_AGGREGATOR_KEY_FILE=PATH (the tenant key the "
+       "aggregator's --key-file holds)");
 }
 
 }  // namespace thc::transport

@@ -1,0 +1,82 @@
+// Batched UDP I/O for the aggregator and its clients: few system calls per many datagrams.
+//
+// Sending: datagrams are queued (copied), then flush() sends them grouped by destination; a run
+// of equal-size datagrams to one destination goes out as one UDP GSO buffer (UDP_SEGMENT, Linux
+// 4.18+): the kernel carries it as one packet through the stack (veth, bridge, tbf) and a GRO
+// socket at the other end receives it whole. Several such buffers go in one sendmmsg. Without
+// GSO support (or when a GSO send is refused) it falls back to one datagram per message.
+//
+// Receiving: with UDP_GRO (Linux 5.0+) the kernel hands over coalesced runs of datagrams from
+// one source in one buffer, with the segment size in a control message; recv_batch() splits them
+// again. The caller sees datagrams exactly as sent either way.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/net.h"
+
+namespace thc {
+
+struct UdpBatchStats {
+  uint64_t datagrams_sent = 0;
+  uint64_t send_calls = 0;      // sendmmsg/sendmsg calls
+  uint64_t gso_buffers = 0;     // multi-datagram GSO buffers sent
+  uint64_t send_errors = 0;     // datagrams lost to a full buffer or an error (UDP semantics)
+  uint64_t datagrams_received = 0;
+  uint64_t recv_calls = 0;
+  uint64_t gro_buffers = 0;     // received buffers holding more than one datagram
+  int last_errno = 0;
+};
+
+class UdpBatch {
+ public:
+  // fd: a nonblocking UDP socket. connected: the socket is connect()ed (no destination address
+  // per message). Enables UDP_GRO on the socket where the kernel has it.
+  explicit UdpBatch(int fd, bool connected, bool gso = true, bool gro = true);
+
+  // Queue one datagram (to is ignored on a connected socket).
+  void queue(const PeerAddr& to, const uint8_t* data, size_t len);
+  size_t queued() const { return out_.size(); }
+  // Send everything queued. Errors (EAGAIN, ECONNREFUSED, ...) lose datagrams, as UDP does.
+  void flush();
+
+  // Receive what is there without blocking, up to max_datagrams. Datagrams are valid until the
+  // next call. Returns the number received.
+  struct Datagram {
+    const uint8_t* data;
+    size_t len;
+    const PeerAddr* from;
+  };
+  size_t recv_batch(std::vector<Datagram>* out, size_t max_datagrams);
+
+  bool gso() const { return gso_; }
+  bool gro() const { return gro_; }
+  const UdpBatchStats& stats() const { return st_; }
+
+ private:
+  struct Out {
+    PeerAddr to;
+    size_t off, len;
+  };
+  void send_messages(std::vector<mmsghdr>& msgs, size_t count);
+
+  int fd_;
+  bool connected_;
+  bool gso_ = false;
+  bool gro_ = false;
+  std::vector<uint8_t> obuf_;  // queued bytes, grouped per destination at flush
+  std::vector<Out> out_;
+  std::vector<uint8_t> gbuf_;  // GSO staging
+  std::vector<uint8_t> rbuf_;  // receive buffers
+  std::vector<PeerAddr> raddr_;
+  std::vector<mmsghdr> rmsg_;
+  std::vector<iovec> riov_;
+  std::vector<uint8_t> rctl_;
+  UdpBatchStats st_;
+};
+
+}  // namespace thc
