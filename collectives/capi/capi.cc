@@ -134,6 +134,13 @@ thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const th
 }
 
 thc_status_t thc_comm_destroy(thc_comm_t comm) {
+  if (comm && comm->engine && comm->engine->config().debug) {
+    // THC_DEBUG: what the transport saw (aggregator clients: packets, retransmissions, window,
+    // round trips), one line per rank.
+    const std::string w = comm->engine->reducer().wire_stats();
+    if (!w.empty())
+      std::fprintf(stderr, "thc: rank %d %s: %s\n", comm->engine->rank(), comm->engine->reducer().name().c_str(), w.c_str());
+  }
   delete comm;
   return THC_SUCCESS;
 }

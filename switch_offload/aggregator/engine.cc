@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/fault.h"
+#include "switch_offload/aggregator/lanes.h"
 
 namespace thc::switch_offload {
 
@@ -79,7 +80,8 @@ struct Engine::Shadow {
   uint8_t bits = 0;
   uint8_t table = 0;
   uint8_t state = kFree;
-  uint32_t* reg = nullptr;  // job.L registers; sums wrap modulo 2^32
+  uint8_t rw = 4;            // register width in bytes: the sum type's (4 for the MAX prelude)
+  uint8_t* reg = nullptr;    // job.L registers of up to 4 bytes (lanes.h)
 };
 
 namespace {
@@ -126,7 +128,7 @@ struct Engine::Job {
   // Two shadow sets per slot: while one holds a finished result that slow workers may still
   // ask for, the other takes the next use of the slot.
   std::vector<Shadow> shadows;  // [slot * 2 + shadow]
-  std::vector<uint32_t> regs;   // [(slot * 2 + shadow) * L + lane]
+  std::vector<uint8_t> regs;    // [(slot * 2 + shadow) * L * 4 + lane * rw]
   // Op records, a ring indexed by op % size. Ops in flight among the view span at most 2S
   // packets (a shadow set is not reused before every view member passed it), hence at most 2S
   // ops: 4S entries never alias a live op.
@@ -310,8 +312,8 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
     nj->footprint = fp;
     nj->source = src;
     nj->shadows.resize(S * 2u);
-    nj->regs.assign(S * 2ull * static_cast<uint64_t>(L), 0);
-    for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L;
+    nj->regs.assign(S * 2ull * static_cast<uint64_t>(L) * 4, 0);
+    for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L * 4;
     nj->ops.resize(S * 4ull);
     memory_ += fp;
     stats_->jobs_created.add();
@@ -481,45 +483,14 @@ bool Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const Pe
 }
 
 void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, bool subtract) {
-  uint32_t* L = sh.reg;
-  const int cnt = h.count;
   switch (h.type) {
-    case MsgType::kDataValue: {
-      const WireInt t = h.enc;
-      if (subtract) {
-        for (int i = 0; i < cnt; ++i) L[i] -= proto::load_lane(t, pl, i);
-      } else if (proto::wire_int_bytes(t) == 1) {
-        for (int i = 0; i < cnt; ++i) L[i] += pl[i];
-      } else if (proto::wire_int_bytes(t) == 2) {
-        for (int i = 0; i < cnt; ++i) L[i] += proto::load_be16(pl + 2 * i);
-      } else {
-        for (int i = 0; i < cnt; ++i) L[i] += proto::load_be32(pl + 4 * i);
-      }
+    case MsgType::kDataValue: lanes::add_values(sh.reg, sh.rw, pl, h.count, subtract); break;
+    case MsgType::kDataIndex:
+      // Two's complement: a negative table entry added in the register's width gives the same
+      // bits as a signed sum, so one code path serves signed and unsigned sum types.
+      lanes::add_lookup(sh.reg, sh.rw, pl, h.count, h.bits, j.tables[h.aux].values, subtract);
       break;
-    }
-    case MsgType::kDataIndex: {
-      // Two's complement: a negative table entry added as u32 gives the same low bits as a
-      // signed sum, so one code path serves signed and unsigned sum types.
-      const int32_t* T = j.tables[h.aux].values;
-      const int b = h.bits;
-      const uint32_t sign = subtract ? ~0u : 1u;  // multiply by +-1 modulo 2^32
-      if (b == 4) {
-        for (int i = 0; i + 1 < cnt; i += 2) {
-          const uint8_t byte = pl[i / 2];
-          L[i] += sign * static_cast<uint32_t>(T[byte & 0xF]);
-          L[i + 1] += sign * static_cast<uint32_t>(T[byte >> 4]);
-        }
-        if (cnt & 1) L[cnt - 1] += sign * static_cast<uint32_t>(T[pl[(cnt - 1) / 2] & 0xF]);
-      } else if (b == 8) {
-        for (int i = 0; i < cnt; ++i) L[i] += sign * static_cast<uint32_t>(T[pl[i]]);
-      } else {
-        for (int i = 0; i < cnt; ++i) L[i] += sign * static_cast<uint32_t>(T[proto::get_index(pl, i, b)]);
-      }
-      break;
-    }
-    case MsgType::kDataMax:
-      for (int i = 0; i < cnt; ++i) L[i] = std::max(L[i], proto::load_be32(pl + 4 * i));
-      break;
+    case MsgType::kDataMax: lanes::max_u32(sh.reg, pl, h.count); break;
     default: break;
   }
 }
@@ -543,14 +514,7 @@ void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Si
   uint8_t* p = buf_.data();
   const size_t plen = proto::data_payload_bytes(MsgType::kResult, r.enc, 0, sh.lanes);
   uint8_t* pay = p + proto::kHeaderBytes;
-  const size_t w = proto::wire_int_bytes(r.enc);
-  if (w == 1) {
-    for (int i = 0; i < sh.lanes; ++i) pay[i] = static_cast<uint8_t>(sh.reg[i]);
-  } else if (w == 2) {
-    for (int i = 0; i < sh.lanes; ++i) proto::store_be16(pay + 2 * i, static_cast<uint16_t>(sh.reg[i]));
-  } else {
-    for (int i = 0; i < sh.lanes; ++i) proto::store_be32(pay + 4 * i, sh.reg[i]);
-  }
+  lanes::store(sh.reg, sh.rw, sh.lanes, pay);
   // One payload hash serves every recipient; only the header differs (auth.h).
   const uint64_t ph = auth::payload_hash(j.dkey, pay, plen);
   for (uint64_t m = to_mask & j.joined; m; m &= m - 1) {
@@ -731,7 +695,8 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     sh.seen = 0;
     sh.t_open = now;
     sh.state = kOpen;
-    std::memset(sh.reg, 0, static_cast<size_t>(j.L) * sizeof(uint32_t));
+    sh.rw = static_cast<uint8_t>(h.type == MsgType::kDataMax ? 4 : proto::wire_int_bytes(h.enc));
+    std::memset(sh.reg, 0, static_cast<size_t>(h.lanes) * sh.rw);
     j.open.push_back(OpenRef{idx, h.seq});
   } else if (sh.seq > h.seq) {
     if (!(j.view & bit)) {

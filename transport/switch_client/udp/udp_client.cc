@@ -68,6 +68,7 @@ struct Pkt {
   Op* op = nullptr;
   uint64_t seq = 0;
   uint64_t first_send = 0;
+  uint64_t last_send = 0;
   uint64_t deadline = 0;   // next retransmission
   uint32_t rto_us = 0;     // current (backed off) timeout of this packet
   uint32_t len = 0;
@@ -121,6 +122,11 @@ struct UdpReducer::Impl {
   double tokens = 0;       // pacing credit, bytes
   uint64_t token_time = 0;
   uint64_t next_rto_check = kNever;
+  uint64_t rack_next = 0;  // seqs below this were already checked by fast loss detection
+  double round_min = 1e18, standing = 0;  // smallest RTT sample of this / the last round trip
+  uint64_t round_start = 0;
+  double cwnd_before_loss = 0;
+  uint64_t loss_time = 0;
 
   TableEntry tables[proto::kTableIds];
   uint64_t table_clock = 0;
@@ -207,6 +213,7 @@ struct UdpReducer::Impl {
       }
     ops.clear();
     base = sent_end = next_seq;
+    rack_next = next_seq;
     next_rto_check = kNever;
   }
 
@@ -297,31 +304,53 @@ struct UdpReducer::Impl {
       rttvar = r / 2;
       min_rtt = r;
       have_rtt = true;
+      round_start = now;
+      round_min = r;
     } else {
       rttvar = 0.75 * rttvar + 0.25 * std::fabs(srtt - r);
       srtt = 0.875 * srtt + 0.125 * r;
       min_rtt = std::min(min_rtt, r);
     }
+    // The delay signal is the smallest sample of the last round trip (the standing RTT, as Copa
+    // and BBR use): a queue raises every sample, while a worker or the aggregator waiting for a
+    // core (the 2-core testbed runs 4 workers and the aggregator) or for a slow worker's packet
+    // raises only some.
+    round_min = std::min(round_min, r);
+    const bool round_over = static_cast<double>(now - round_start) >= std::max(srtt, 200.0);
+    if (round_over) {
+      standing = round_min;
+      round_start = now;
+      round_min = 1e18;
+    }
     // Delay ceiling: a standing queue of target_delay keeps the bottleneck busy; more only adds
     // latency (and, in a shallow buffer, loss).
     const double target = min_rtt + opt.target_delay_ms * 1000.0;
-    if (r <= target) {
+    if (standing <= target) {
       cwnd += slow_start ? 1.0 : 1.0 / std::max(cwnd, 1.0);
-    } else {
+    } else if (round_over) {
       slow_start = false;
-      if (static_cast<double>(now - last_cut) >= srtt) {
-        cwnd *= std::max(0.5, 1.0 - 0.8 * (r - target) / r);
-        last_cut = now;
-      }
+      cwnd *= std::max(0.5, 1.0 - 0.8 * (standing - target) / standing);
+      last_cut = now;
     }
     clamp_cwnd();
   }
   void on_loss(uint64_t now) {
     slow_start = false;
     if (!have_rtt || static_cast<double>(now - last_cut) >= srtt) {
+      cwnd_before_loss = cwnd;
+      loss_time = now;
       cwnd *= 0.5;
       last_cut = now;
       clamp_cwnd();
+    }
+  }
+  // A result for a retransmitted packet that comes back sooner than any round trip could after
+  // the retransmission answers the original: the timeout was spurious (the answer was only late,
+  // e.g. a process waiting for a core), so the window cut it caused is undone (Eifel, RFC 3522).
+  void on_late_original(uint64_t now, uint64_t last_send) {
+    if (static_cast<double>(now - last_send) < min_rtt / 2 && cwnd_before_loss > cwnd && last_send >= loss_time) {
+      cwnd = cwnd_before_loss;
+      st.spurious++;
     }
   }
   double window_cap() const {
@@ -387,10 +416,48 @@ struct UdpReducer::Impl {
     st.results++;
     const uint64_t now = mono_us();
     if (k.sends == 1) on_rtt(now - k.first_send, now);
+    else on_late_original(now, k.last_send);
     k.done = true;
     op.done++;
+    fast_loss_detection(h.seq, k.first_send, now);
     while (base < sent_end && ring[base % S].done) ++base;
     while (!ops.empty() && ops.front()->complete() && ops.front()->first_seq + ops.front()->npkts <= base) ops.pop_front();
+  }
+
+  // Results come back in seq order: a slot completes when the last of its workers' packets
+  // arrives, and every worker sends its packets in seq order over one path. So a packet still
+  // without a result when the result of a packet sent at least kDupThresh later (and after it)
+  // is in was lost, or its result was (RACK, RFC 8985, with a packet-count threshold): resend it
+  // now instead of waiting for its timeout. The timeout stays as the backstop for the tail of an
+  // operation, where no later result can tell.
+  static constexpr uint64_t kDupThresh = 3;
+  void fast_loss_detection(uint64_t acked, uint64_t acked_sent, uint64_t now) {
+    if (acked < base + kDupThresh) return;
+    const uint64_t hi = acked - kDupThresh;  // candidates: [max(base, rack_next), hi]
+    uint64_t s = std::max(base, rack_next);
+    bool lost = false;
+    for (; s <= hi && s < sent_end; ++s) {
+      Pkt& p = ring[s % S];
+      if (p.done || p.sends != 1 || p.first_send > acked_sent) continue;
+      resend(p, now);
+      st.fast_retransmits++;
+      lost = true;
+    }
+    rack_next = std::max(rack_next, hi + 1);
+    if (lost) on_loss(now);
+  }
+
+  void resend(Pkt& k, uint64_t now) {
+    uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
+    proto::store_be16(w + 6, static_cast<uint16_t>(proto::load_be16(w + 6) | proto::kFlagRetransmit));
+    proto::store_be64(w + proto::kTagOffset, auth::tag_from_hash(dkey, w, k.plhash));
+    send_dgram(w, k.len);
+    st.retransmissions++;
+    k.sends++;
+    k.last_send = now;
+    k.rto_us = static_cast<uint32_t>(std::min<double>(std::max<double>(k.rto_us, rto_us()) * 2.0, opt.rto_max_ms * 1000.0));
+    k.deadline = now + k.rto_us;
+    next_rto_check = std::min(next_rto_check, k.deadline);
   }
 
   // ---- outgoing ---------------------------------------------------------------------------------
@@ -427,7 +494,8 @@ struct UdpReducer::Impl {
     uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
     proto::write_header(h, w, max_dgram);
     uint8_t* pl = w + proto::kHeaderBytes;
-    std::memset(pl, 0, plen);
+    // Only the last packet of an op has lanes beyond its count; they travel as zeros.
+    if (cnt < static_cast<uint64_t>(op.lanes)) std::memset(pl, 0, plen);
     if (op.kind == Kind::kLookup) {
       proto::copy_indices(op.packed, first, cnt, op.bits, pl);
     } else {
@@ -479,7 +547,7 @@ struct UdpReducer::Impl {
       k.op = op_for_seq(k.seq);
       if (!k.op) die(Status::kInternal, where() + ": no operation for packet seq " + std::to_string(k.seq));
       build(k);
-      k.first_send = now;
+      k.first_send = k.last_send = now;
       k.rto_us = rto_us();
       k.deadline = now + k.rto_us;
       k.sends = 1;
@@ -521,15 +589,8 @@ struct UdpReducer::Impl {
         why += last_error();
         die(Status::kTimeout, why);
       }
-      uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
-      proto::store_be16(w + 6, static_cast<uint16_t>(proto::load_be16(w + 6) | proto::kFlagRetransmit));
-      proto::store_be64(w + proto::kTagOffset, auth::tag_from_hash(dkey, w, k.plhash));
-      send_dgram(w, k.len);
-      st.retransmissions++;
+      resend(k, now);
       lost = true;
-      k.sends++;
-      k.rto_us = static_cast<uint32_t>(std::min<double>(k.rto_us * 2.0, opt.rto_max_ms * 1000.0));
-      k.deadline = now + k.rto_us;
       next = std::min(next, k.deadline);
     }
     next_rto_check = next;
@@ -676,7 +737,7 @@ struct UdpReducer::Impl {
       if (rejoin) {
         next_op = a.resume_op;
         next_seq = a.resume_seq;
-        base = sent_end = next_seq;
+        base = sent_end = rack_next = next_seq;
         for (TableEntry& t : tables) t = TableEntry{};  // reinstall on use
         st.rejoins++;
       }
@@ -884,11 +945,13 @@ std::string UdpReducer::wire_stats() const {
   const UdpClientStats s = stats();
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "packets=%llu retransmissions=%llu (%.2f%%) lanes=%d cwnd=%.0f srtt=%.0fus min_rtt=%.0fus "
-                "not_counted=%llu left_behind=%llu",
+                "packets=%llu retransmissions=%llu (%.2f%%, %llu fast) lanes=%d cwnd=%.0f srtt=%.0fus min_rtt=%.0fus "
+                "spurious=%llu not_counted=%llu left_behind=%llu",
                 static_cast<unsigned long long>(s.data_packets), static_cast<unsigned long long>(s.retransmissions),
                 s.data_packets ? 100.0 * static_cast<double>(s.retransmissions) / static_cast<double>(s.data_packets) : 0.0,
-                s.lanes, s.cwnd, s.srtt_us, s.min_rtt_us, static_cast<unsigned long long>(s.not_counted),
+                static_cast<unsigned long long>(s.fast_retransmits),
+                s.lanes, s.cwnd, s.srtt_us, s.min_rtt_us, static_cast<unsigned long long>(s.spurious),
+                static_cast<unsigned long long>(s.not_counted),
                 static_cast<unsigned long long>(s.left_behind));
   return buf;
 }

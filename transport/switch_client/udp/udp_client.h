@@ -17,9 +17,12 @@
 // additively (one packet per round trip), cut multiplicatively when the round-trip time exceeds
 // the minimum by more than a target queueing delay (a delay ceiling: a bounded standing queue
 // keeps the bottleneck busy without filling its buffer) and halved on a retransmission timeout,
-// at most once per round trip; sends are paced at 1.25x (2x in slow start) window/RTT; the RTO
-// follows RFC 6298 from samples of packets sent once (Karn). The window never exceeds the job's
-// slots (the aggregator's memory for the job): that bound is what SwitchML sizes its pool by.
+// at most once per round trip; sends are paced at 1.25x (2x in slow start) window/RTT. A packet
+// is resent as soon as the results of three packets sent after it are in (results come back in
+// seq order: RACK-style loss detection); the RTO (RFC 6298 from samples of packets sent once,
+// Karn; at least 25 ms) is the backstop for the tail of an operation. The window never exceeds
+// the job's slots (the aggregator's memory for the job): that bound is what SwitchML sizes its
+// pool by.
 //
 // Nonblocking rules: start_* only queues the operation and sends what the window allows;
 // Request::test() polls once (never blocks); wait() blocks until the request completes, the
@@ -62,7 +65,7 @@ struct UdpClientOptions {
   double target_delay_ms = 5;      // queueing delay tolerated above the minimum RTT
   bool pacing = true;
   double rto_initial_ms = 20;      // before the first RTT sample
-  double rto_min_ms = 5;
+  double rto_min_ms = 25;  // a backstop: losses are found by later results first (RACK)
   double rto_max_ms = 200;
   double max_wait_ms = 30'000;     // no result for a packet this long: kTimeout
   FaultOptions fault;              // client-side fault injection, both directions
@@ -73,6 +76,8 @@ struct UdpClientStats {
   uint64_t packets_sent = 0;
   uint64_t data_packets = 0;       // first transmissions of data packets
   uint64_t retransmissions = 0;
+  uint64_t fast_retransmits = 0;   // of which found by later results (not by a timeout)
+  uint64_t spurious = 0;           // timeouts found spurious (window cut undone)
   uint64_t results = 0;
   uint64_t duplicate_results = 0;  // results for packets already done (dups, late resends)
   uint64_t not_counted = 0;        // results/acks telling this worker it was left out
