@@ -272,13 +272,13 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   THC_ENGINE_CUDA(cudaMemcpyAsync(h_pre, d_pre, (nb + kCheckWords) * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
   THC_ENGINE_CUDA(cudaStreamSynchronize(stream));
   static_assert(kCheckWords == engine::Engine::kPreludeCheck, "one layout of the prelude's check words");
-  eng.exchange_prelude(plan, h_pre, h_pre[nb] == 0);
+  const uint32_t round = eng.exchange_prelude(plan, h_pre, h_pre[nb] == 0);
   THC_ENGINE_CUDA(cudaMemcpyAsync(d_stats, h_pre, nb * sizeof(float), cudaMemcpyHostToDevice, stream));
 
   Rng rng;
   rng.seed = plan.rng.seed;
   rng.rank = plan.rng.rank;
-  rng.round = plan.rng.round;
+  rng.round = round;
   size_t codec_temp = w.codec_temp_bytes;
   void* const d_codec_temp = dbase + w.d_codec_temp;
 

@@ -153,7 +153,7 @@ CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool me
   return p;
 }
 
-void Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
+uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
   const uint64_t nb = plan.lay.nblocks;
   const uint64_t h = plan.digest;
   pre[nb] = finite ? 0u : (1u << (rank() % 32));
@@ -161,16 +161,25 @@ void Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) 
   pre[nb + 2] = static_cast<uint32_t>(h >> 32);
   pre[nb + 3] = ~static_cast<uint32_t>(h);
   pre[nb + 4] = ~static_cast<uint32_t>(h >> 32);
-  reducer_->max_u32(pre, nb + kPreludeCheck);
+  // One more word: the call round. Ranks agree on the newest (MAX): a rank that rejoined an
+  // aggregator job after partial aggregation left it behind has made fewer calls, and the round
+  // seeds the shared RHT signs, which every rank of a call must share.
+  std::vector<uint32_t> buf(pre, pre + nb + kPreludeCheck);
+  buf.push_back(plan.rng.round);
+  reducer_->max_u32(buf.data(), buf.size());
+  std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(nb + kPreludeCheck), pre);
+  const uint32_t round = buf.back();
+  round_ = round + 1;
   if (pre[nb + 1] != ~pre[nb + 3] || pre[nb + 2] != ~pre[nb + 4])
     fail(Status::kConfigMismatch, std::string("ranks disagree on the collective (scheme, table, block, width, count or op); "
                                               "this rank: ") + plan.cod->describe() + " count=" + std::to_string(plan.count));
   if (pre[nb] != 0) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "0x%08x", pre[nb]);
-    fail(Status::kNonFinite, std::string("input contains NaN or Inf (ranks mod 32 bitmap ") + buf +
+    char b[64];
+    std::snprintf(b, sizeof b, "0x%08x", pre[nb]);
+    fail(Status::kNonFinite, std::string("input contains NaN or Inf (ranks mod 32 bitmap ") + b +
                                  "); nothing was reduced");
   }
+  return round;
 }
 
 void Engine::account(const CallPlan& plan, uint64_t wire_total) {
@@ -277,11 +286,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     finite &= cod.prelude(xbuf.data(), m, st.data());
     for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
   }
-  exchange_prelude(plan, pre.data(), finite);
+  codec::CallRng rng = plan.rng;
+  rng.round = exchange_prelude(plan, pre.data(), finite);
   std::vector<float> stats(nb);
   for (uint64_t b = 0; b < nb; ++b) std::memcpy(&stats[b], &pre[b], 4);
 
-  const codec::CallRng& rng = plan.rng;
   const Algo algo = plan.algo;
   const size_t wsz = codec::int_size(cod.sum_type());
   reducer_->set_part_granule(B);

@@ -94,7 +94,8 @@ class Engine {
   // fills; one MAX over all ranks, then the checks (throws kConfigMismatch / kNonFinite). After
   // it, pre[0..nblocks) holds the global statistics.
   static constexpr int kPreludeCheck = 5;
-  void exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite);
+  // Returns the call round every rank uses (the newest of the ranks': see engine.cc).
+  uint32_t exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite);
   // Statistics of a finished call that moved wire_total elements.
   void account(const CallPlan& plan, uint64_t wire_total);
 

@@ -91,6 +91,7 @@ struct OpRecord {
   bool used = false;
   bool decided = false;
   bool first_known = false;
+  bool is_max = false;  // a MAX op: the prelude that starts every collective call (a rejoin point)
   uint64_t members = 0;
   uint64_t first_seq = 0;
 };
@@ -117,6 +118,19 @@ struct Engine::Job {
   uint64_t all = 0;
   uint64_t joined = 0, left = 0;
   uint64_t view = 0;    // workers the job currently waits for (see engine.h)
+  uint64_t rejoin_pending = 0;  // rejoining workers, added to the view at the next call's prelude
+  uint64_t rejoined = 0;        // workers that came back at resume_seq (they never send earlier seqs)
+  uint64_t resume_seq[proto::kMaxWorkers] = {};
+
+  // The view members a packet of `seq` waits for: a worker that rejoined after it never sends it.
+  uint64_t needed(uint64_t seq) const {
+    uint64_t need = view;
+    for (uint64_t m = rejoined & view; m; m &= m - 1) {
+      const int w = __builtin_ctzll(m);
+      if (resume_seq[w] > seq) need &= ~(uint64_t{1} << w);
+    }
+    return need;
+  }
   uint64_t seed = 0;
   uint64_t last_active = 0;
   int64_t footprint = 0;
@@ -146,7 +160,7 @@ struct Engine::Job {
   }
   OpRecord& op_entry(uint32_t op) {
     OpRecord& r = ops[op % ops.size()];
-    if (!r.used || r.op != op) r = OpRecord{op, true, false, false, 0, 0};
+    if (!r.used || r.op != op) r = OpRecord{op, true, false, false, false, 0, 0};
     return r;
   }
   static int64_t footprint_for(uint32_t S, int L) {
@@ -358,16 +372,21 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
   if (!(b.flags & proto::kJoinRejoin) || !j->any_op) {
     a.resume_flags = proto::kResumeKnown;  // from the start: op 0 at seq 0
   } else {
-    // A worker rejoining a job under way (left behind, or restarted) starts with the newest op if
-    // it has started and is not decided yet (it can still be counted there), else with the op
-    // after it, whose first seq is known once somebody sent its first packet (kFlagFirst); until
-    // then the worker asks again.
+    // A worker rejoining a job under way (left behind, or restarted) comes back at the start of a
+    // collective call, i.e. at a MAX op (every call begins with its prelude): the newest op if it
+    // is one, has started and is undecided (the worker joins its view now), else the next MAX op
+    // to start (the worker is put into the view when its first packet arrives, so that op waits
+    // for it up to the quorum timeout). Until that op has started, the worker asks again.
     const OpRecord* cur = j->find_op(j->max_op);
-    if (cur && cur->first_known && !cur->decided) {
+    if (cur && cur->is_max && cur->first_known && !cur->decided) {
+      j->view |= bit;
+      j->rejoined |= bit;
+      j->resume_seq[h.worker] = cur->first_seq;
       a.resume_op = j->max_op;
       a.resume_seq = cur->first_seq;
       a.resume_flags = proto::kResumeKnown;
     } else {
+      j->rejoin_pending |= bit;
       a.resume_op = j->max_op + 1;
     }
   }
@@ -611,7 +630,8 @@ bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out) {
     }
     return false;
   }
-  const bool view_done = (sh.counted & j.view) == j.view && popcount(sh.counted) >= j.k;
+  const uint64_t need = j.needed(sh.seq);
+  const bool view_done = (sh.counted & need) == need && popcount(sh.counted) >= j.k;
   const bool quorum_done = j.k < j.n && popcount(sh.counted) >= j.k && now - sh.t_open >= j.qt_us;
   if (!(sh.counted == j.all || view_done || quorum_done)) return false;
   complete(j, idx, sh.counted, true, now, out);
@@ -660,8 +680,16 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
   j.any_op = true;
   if (h.flags & proto::kFlagFirst) {
     OpRecord& r = j.op_entry(h.op);
+    if (!r.first_known && h.type == MsgType::kDataMax && !r.decided && j.rejoin_pending) {
+      // A new call starts: rejoining workers are part of it (and of nothing before it).
+      j.view |= j.rejoin_pending;
+      j.rejoined |= j.rejoin_pending;
+      for (uint64_t m = j.rejoin_pending; m; m &= m - 1) j.resume_seq[__builtin_ctzll(m)] = h.seq;
+      j.rejoin_pending = 0;
+    }
     r.first_known = true;
     r.first_seq = h.seq;
+    r.is_max = h.type == MsgType::kDataMax;
   }
   const uint32_t idx = static_cast<uint32_t>(h.slot) * 2u + h.shadow;
   Shadow& sh = j.sh(idx);
@@ -675,7 +703,8 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
       const Shadow& other = j.sh(idx ^ 1u);
       // Every view member sent seq - S, so each of them holds the result of seq - 2S, the result
       // this shadow set still keeps for retransmissions.
-      if (sh.state != kDone || other.seq + S != h.seq || (other.seen & j.view) != j.view) {
+      const uint64_t need = j.needed(other.seq);
+      if (sh.state != kDone || other.seq + S != h.seq || (other.seen & need) != need) {
         drop(Drop::kSlotBusy);
         return true;
       }

@@ -463,29 +463,38 @@ TEST_F(EngineTest, FastWorkersDoNotWaitForAStragglerAndItRejoins) {
   EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kLeftBehind));
   EXPECT_TRUE(auth::verify(j.dkey, r[0].bytes.data(), r[0].len));
   EXPECT_EQ(stats.left_behind.get(), 1u);
-  // It rejoins: the aggregator names the op after the newest one; its start is known once a
-  // worker sent that op's first packet.
+  // It rejoins: it is registered at once and comes back at the start of the job's next call (a
+  // MAX op, the prelude every call starts with); where that starts is known once a worker sent
+  // its first packet.
   JoinParams rj = params(2, 2, 1000);
   rj.flags = kJoinRejoin;
   JoinAckBody a = join_one(&j, 2, rj);
   EXPECT_EQ(a.resume_op, kOps);
   EXPECT_EQ(a.resume_flags, 0u);
-  auto first = make_values(j, 0, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1});
+  auto first = make_values(j, 0, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU32, {1}, MsgType::kDataMax, 256);
   Header fh;
   parse(first.data(), first.size(), &fh, nullptr, nullptr);
   fh.flags = kFlagFirst;
   feed(0, make_packet(fh, std::vector<uint8_t>(first.begin() + kHeaderBytes, first.end()), &j.dkey));
+  feed(1, make_values(j, 1, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU32, {1}, MsgType::kDataMax, 256));
+  EXPECT_TRUE(sink.take().empty()) << "the call's prelude waits for the rejoining worker";
   a = join_one(&j, 2, rj);
   EXPECT_EQ(a.resume_op, kOps);
   EXPECT_EQ(a.resume_flags, kResumeKnown);
   EXPECT_EQ(a.resume_seq, kOps);
-  // Counted in that op before it completes: back in the job.
-  feed(2, make_values(j, 2, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1}));
-  feed(1, make_values(j, 1, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU8, {1}));
+  feed(2, make_values(j, 2, 2, kOps, static_cast<uint32_t>(kOps), WireInt::kU32, {7}, MsgType::kDataMax, 256));
   r = of_type(sink.take(), MsgType::kResult);
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(r[0].h.contributors, 3);
+  EXPECT_EQ(load_lane(WireInt::kU32, r[0].payload.data(), 0), 7u);
+  // Slots of seqs before its resume point do not wait for it (it never sends them): the next
+  // packet, in a shadow set it never used, completes with everyone.
+  for (uint16_t w = 0; w < 3; ++w)
+    feed(w, make_values(j, w, 2, kOps + 1, static_cast<uint32_t>(kOps + 1), WireInt::kU8, {1}));
+  r = of_type(sink.take(), MsgType::kResult);
+  ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 3u);
+  EXPECT_EQ(drops(Drop::kSlotBusy), 0u);
 }
 
 TEST_F(EngineTest, AMemberThatDiesInsideAnOpDoesNotStallTheJob) {

@@ -92,8 +92,12 @@ class ShardedReducer final : public Reducer {
   void set_part_granule(uint64_t g) override { granule_ = g; }
 
   void max_u32(uint32_t* data, size_t n) override {
-    // Small (block statistics): one instance, rotating like the operations.
-    subs_[calls_++ % subs_.size()]->max_u32(data, n);
+    // Small (block statistics), and the op that starts every collective call: every instance
+    // takes all of it (a worker that rejoins an instance comes back at such an op), and all give
+    // the same maximum.
+    std::vector<std::vector<uint32_t>> copies(subs_.size() - 1, std::vector<uint32_t>(data, data + n));
+    for (size_t i = 1; i < subs_.size(); ++i) subs_[i]->max_u32(copies[i - 1].data(), n);
+    subs_[0]->max_u32(data, n);
   }
 
   std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) override {

@@ -141,6 +141,7 @@ struct UdpReducer::Impl {
   Status broken_status = Status::kSuccess;
   std::string broken_msg;
   bool need_rejoin = false;
+  bool rejoin_registered = false;
 
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(proto::kMaxPacketBytes + 1);
   std::vector<FaultInjector::Datagram> fbuf;
@@ -678,7 +679,10 @@ struct UdpReducer::Impl {
     }
   }
 
-  void join(bool rejoin) {
+  // A JOIN (handshake with the cookie). rejoin: ask where to resume; register_only: return once the
+  // aggregator knows this worker wants back in (it then joins the view at the next call), even if
+  // the resume point is not known yet.
+  void join(bool rejoin, bool register_only = false) {
     const uint64_t start = mono_us();
     uint8_t cookie[proto::kCookieBytes] = {};
     for (;;) {
@@ -708,9 +712,10 @@ struct UdpReducer::Impl {
                                          std::to_string(a.quorum) + "; this worker asked for " +
                                          std::to_string(opt.world) + ", quorum " + std::to_string(b.quorum));
       if (rejoin && !(a.resume_flags & proto::kResumeKnown)) {
-        // The job's next op has not started yet: ask again shortly (its first packet tells the
-        // aggregator where it starts).
-        std::memset(cookie, 0, sizeof cookie);
+        rejoin_registered = true;
+        if (register_only) return;
+        // The job's next call has not started yet: ask again shortly (its first packet tells the
+        // aggregator where it starts). The cookie stays valid.
         const uint64_t t0 = mono_us();
         while (mono_us() - t0 < 1000) {
           progress();
@@ -740,6 +745,8 @@ struct UdpReducer::Impl {
         base = sent_end = rack_next = next_seq;
         for (TableEntry& t : tables) t = TableEntry{};  // reinstall on use
         st.rejoins++;
+        need_rejoin = false;
+        rejoin_registered = false;
       }
       return;
     }
@@ -792,9 +799,16 @@ struct UdpReducer::Impl {
 
   void before_enqueue() {
     check_broken();
-    if (need_rejoin) {
-      need_rejoin = false;
-      join(true);
+    if (need_rejoin) join(true);
+  }
+  // Left behind: tell the aggregator at once that this worker wants back in, so that the job's
+  // next call waits for it (up to the quorum timeout) rather than racing it.
+  void register_rejoin() {
+    if (!need_rejoin || rejoin_registered || broken) return;
+    try {
+      join(true, true);
+    } catch (const Error&) {
+      // The next call tries again (and reports what fails).
     }
   }
 
@@ -861,6 +875,7 @@ class UdpRequest final : public Request {
   }
   void wait() override {
     if (!op_->complete()) impl_->wait_until([&] { return op_->complete(); });
+    if (op_->failed == Status::kLeftBehind) impl_->register_rejoin();
     if (op_->failed != Status::kSuccess) fail(op_->failed, op_->fail_msg);
     if (op_->inconsistent)
       fail(Status::kTimeout, impl_->where() + ": a worker of the job stopped in the middle of op " +
