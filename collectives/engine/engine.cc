@@ -318,14 +318,18 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     const std::vector<BlockPart> parts = block_parts(*s.req, s.b0, s.nblk, B, n);
     s.req.reset();
     for (const BlockPart& p : parts) {
-      for (uint64_t b = p.b0; b < p.b0 + p.nblk; ++b) {
+      // A few blocks at a time (a few milliseconds of work), so the next chunk's transfer keeps
+      // going while this one is decoded.
+      constexpr uint64_t kGroup = 8;
+      for (uint64_t b = p.b0; b < p.b0 + p.nblk; b += kGroup) {
+        const uint64_t g = std::min<uint64_t>(kGroup, p.b0 + p.nblk - b);
         const uint64_t first = b * B;
-        const uint64_t m = std::min<uint64_t>(count - first, B);
+        const uint64_t m = std::min<uint64_t>(count - first, g * B);
         const uint64_t wire_off = (b - s.b0) * B;
         const uint8_t* sums = s.sums.data() + wire_off * wsz;
         // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
         const bool as_mean = mean || p.contributors != n;
-        cod.decode(lay, b, 1, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
+        cod.decode(lay, b, g, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
         if (!mean && p.contributors != n)
           for (uint64_t i = 0; i < m; ++i) obuf[i] *= static_cast<float>(n);
         if (ef && !p.self_counted) {
