@@ -22,6 +22,7 @@
 // host memory; --scheme none stages the floats (cudaMemcpy, MPI_Allreduce, cudaMemcpy), which is
 // what an MPI without CUDA support needs. Times include those copies.
 #include <mpi.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -186,6 +187,13 @@ struct Row {
   uint64_t packets = 0, retrans = 0;  // aggregator communicators: over all ranks
   double wire_up = 0, wire_down = 0;  // per element and rank, each direction (wire = up + down)
 };
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
 
 double parse_fraction(const std::string& s) {
   const auto slash = s.find('/');
@@ -445,9 +453,15 @@ int main(int argc, char** argv) {
     thc_stats_t s0{}, s1{};
     if (!none) thc_comm_stats(tc, &s0);
     MPI_Barrier(MPI_COMM_WORLD);
+    const double c0 = cpu_seconds();
     const double t0 = MPI_Wtime();
     for (int i = 0; i < o.iters; ++i) run_once();
     double dt = (MPI_Wtime() - t0) / o.iters, dtmax = 0;
+    // CPU time of this rank per call (user + system, all its threads): on a shared-core testbed
+    // it tells a CPU-bound run from a wire-bound one.
+    const double cpu_mine = (cpu_seconds() - c0) / o.iters;
+    double cpu_sum = 0;
+    MPI_Reduce(&cpu_mine, &cpu_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Allreduce(&dt, &dtmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (!none) thc_comm_stats(tc, &s1);
 
@@ -528,6 +542,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(row.size), static_cast<unsigned long long>(row.count),
                   row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, row.wire, row.nmse,
                   row.algo.c_str(), bad ? "  FAILED" : "");
+      std::printf("#   cpu: %.1f ms per call per rank (user+sys, mean over ranks)\n", cpu_sum / g_size * 1e3);
       if (row.packets > 0)
         std::printf("#   aggregator wire: %llu data packets, %llu retransmissions (%.3f%%), all ranks, timed iterations\n",
                     static_cast<unsigned long long>(row.packets), static_cast<unsigned long long>(row.retrans),
