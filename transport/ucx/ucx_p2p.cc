@@ -76,7 +76,6 @@ struct Op {
   bool done = false;
   ucs_status_t status = UCS_OK;
   size_t length = 0;
-  ucp_tag_recv_info_t info{};
 };
 
 void op_send_done(void* request, ucs_status_t status, void* user) {
@@ -117,12 +116,14 @@ ucp_request_param_t send_param(Op* op) {
   return p;
 }
 
+// Receives always complete through the callback (UCP_OP_ATTR_FLAG_NO_IMM_CMPL): UCX 1.13 completes
+// a receive of an already arrived (unexpected) eager message immediately without filling
+// recv_info, which would lose the received length.
 ucp_request_param_t recv_param(Op* op) {
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.cb.recv = op_recv_done;
   p.user_data = op;
-  p.recv_info.tag_info = &op->info;
   return p;
 }
 
@@ -130,7 +131,6 @@ void post_recv(Op* op, ucp_worker_h w, void* buf, size_t size, ucp_tag_t tag) {
   *op = Op{};
   ucp_request_param_t p = recv_param(op);
   start_op(op, ucp_tag_recv_nbx(w, buf, size, tag, kFullMask, &p));
-  if (op->done && op->status == UCS_OK) op->length = op->info.length;
 }
 
 void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {

@@ -120,6 +120,53 @@ TEST(UcxP2p, SizesZeroOneOddLarge) {
   }
 }
 
+// Messages that arrive before their receive is posted (UCX's unexpected queue) keep their length
+// and their order, small (eager) and large (rendezvous) mixed.
+TEST(UcxP2p, UnexpectedMessagesKeepLengthAndOrder) {
+  Pair p = connect_pair();
+  const std::vector<size_t> sizes = {5, 0, 1 << 20, 3, 100000, 1, 7};
+  std::vector<std::vector<char>> out;
+  std::vector<Pending> sends;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(pattern(sizes[i], 500u + static_cast<uint32_t>(i)));
+    Request* r = p.send->send(out[i].data(), sizes[i], 4);
+    ASSERT_NE(r, nullptr);
+    sends.push_back({p.send.get(), r, 1, {}});
+  }
+  // let the eager ones arrive before any receive exists
+  char dummy;
+  void* b = &dummy;
+  const size_t cap = 1;
+  const uint32_t other = 999;  // testing it progresses the receiver without matching anything
+  Request* q = p.recv->recv(1, &b, &cap, &other);
+  ASSERT_NE(q, nullptr);
+  const auto until = Clock::now() + std::chrono::milliseconds(200);
+  while (Clock::now() < until) {
+    for (auto& s : sends)
+      if (!s.done) s.done = p.send->test(s.r, nullptr);
+    ASSERT_FALSE(p.recv->test(q, nullptr));  // (left posted; cancelled when the endpoint closes)
+  }
+  std::vector<std::vector<char>> in;
+  std::vector<Pending> recvs;
+  for (size_t i = 0; i < sizes.size(); ++i) in.emplace_back(sizes[i] + 32, '\0');
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    void* buf = in[i].data();
+    const size_t size = in[i].size();
+    const uint32_t tag = 4;
+    Request* r = p.recv->recv(1, &buf, &size, &tag);
+    ASSERT_NE(r, nullptr);
+    recvs.push_back({p.recv.get(), r, 1, {}});
+  }
+  std::vector<Pending> all = recvs;
+  for (auto& s : sends)
+    if (!s.done) all.push_back(s);  // rendezvous sends finish once their receive exists
+  drive(all);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(all[i].sizes[0], sizes[i]) << "receive " << i;
+    EXPECT_EQ(0, std::memcmp(in[i].data(), out[i].data(), sizes[i])) << "receive " << i;
+  }
+}
+
 TEST(UcxP2p, GroupedReceiveMatchesByTag) {
   Pair p = connect_pair();
   const int n = 8;
