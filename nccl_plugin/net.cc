@@ -348,10 +348,13 @@ ncclResult_t test(void* request, int* done, int* sizes) {
   });
 }
 
+// Closing never waits for the peer: the flush that delivers what a send comm sent last needs the
+// peer's progress, so the endpoint finishes closing on the transport's closer thread.
 ncclResult_t close_send(void* send_comm) {
   return guard("closeSend", [&] {
     Comm* c = as_comm(send_comm, kSendMagic, "send");
     c->magic = 0;
+    ucx::close_in_background(std::move(c->ep));
     delete c;
   });
 }
@@ -360,6 +363,7 @@ ncclResult_t close_recv(void* recv_comm) {
   return guard("closeRecv", [&] {
     Comm* c = as_comm(recv_comm, kRecvMagic, "receive");
     c->magic = 0;
+    ucx::close_in_background(std::move(c->ep));
     delete c;
   });
 }

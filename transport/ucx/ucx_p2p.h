@@ -102,6 +102,11 @@ struct Limits {
 class Request;
 class Endpoint;
 
+// Hands the endpoint to the process's closer thread and returns at once: the flush and close
+// finish there (each bounded), so a caller never waits for the peer's progress. Closers still
+// running when the process exits are forced closed.
+void close_in_background(std::unique_ptr<Endpoint> ep);
+
 // The endpoint a request (from Endpoint::send/recv, not yet completed) belongs to, and its number
 // of buffers (1 for a send). Null / 0 for anything else.
 Endpoint* endpoint_of(const Request* r);
@@ -151,7 +156,9 @@ class Connector {
 
 class Endpoint {
  public:
-  ~Endpoint();  // cancels what is in flight, flushes (bounded by the timeout), closes
+  // Cancels what is in flight, flushes what it sent (bounded by the timeout; the flush waits for
+  // the peer's progress), closes. close_in_background() does the same without waiting.
+  ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
@@ -166,6 +173,10 @@ class Endpoint {
   // UCX's description of the endpoint's lanes (which transports carry what).
   std::string describe() const;
   int max_recvs() const { return limits_.max_recvs; }
+  // One non-blocking step of closing; true once closed (then only destruction is left).
+  static bool poll_close(Endpoint& e);
+  // Closing from now on waits for nothing (the process is going away).
+  static void hurry(Endpoint& e);
 
   struct Impl;
 

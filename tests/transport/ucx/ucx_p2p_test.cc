@@ -296,6 +296,34 @@ TEST(UcxP2p, PeerGoneFailsPendingReceive) {
   EXPECT_TRUE(failed) << "the receive neither failed nor completed after the peer closed";
 }
 
+// A sender that finished and closed before the receiver posted its receives: the messages are
+// delivered, not lost (NCCL ranks tear down at their own pace).
+TEST(UcxP2p, MessagesOutliveTheSendersClose) {
+  Pair p = connect_pair();
+  const std::vector<size_t> sizes = {3, 0, 5000, 11};  // eager: a send completes without its receiver
+  std::vector<std::vector<char>> out;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(pattern(sizes[i], 900u + static_cast<uint32_t>(i)));
+    Request* r = p.send->send(out[i].data(), sizes[i], 6);
+    ASSERT_NE(r, nullptr);
+    std::vector<Pending> one = {{p.send.get(), r, 1, {}}};
+    drive(one);
+  }
+  thc::transport::ucx::close_in_background(std::move(p.send));  // finishes once the receiver progresses
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<char> in(sizes[i] + 8);
+    void* b = in.data();
+    const size_t cap = in.size();
+    const uint32_t tag = 6;
+    Request* r = p.recv->recv(1, &b, &cap, &tag);
+    ASSERT_NE(r, nullptr);
+    std::vector<Pending> one = {{p.recv.get(), r, 1, {}}};
+    drive(one);
+    EXPECT_EQ(one[0].sizes[0], sizes[i]);
+    EXPECT_EQ(0, std::memcmp(in.data(), out[i].data(), sizes[i]));
+  }
+}
+
 TEST(UcxP2p, BadAddressRejected) {
   Address a{};
   EXPECT_THROW(Connector(context(), a, Limits{}), thc::Error);
