@@ -144,8 +144,8 @@ ncclResult_t init(ncclDebugLogger_t logger) {
     s.note = d.note;
     s.contexts.assign(s.devices.size(), nullptr);
     s.lanes_logged.assign(s.devices.size() * 2, false);
-    // Each comm owns a UCX worker (a few descriptors: its interfaces and event fds); leave room
-    // for the rest of the process.
+    // Each comm owns a UCX worker: 8 descriptors with UCX 1.13's TCP transport (interfaces,
+    // sockets, event fds); half the process's limit goes to comms.
     rlimit rl{};
     const long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? static_cast<long>(rl.rlim_cur) : 65536;
     s.max_comms = static_cast<int>(std::clamp(nofile / 16, 16L, 65536L));

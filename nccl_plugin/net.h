@@ -11,6 +11,8 @@
 //               may be larger than sends; grouped receives up to kMaxRecvs buffers
 //   test        per-buffer sizes; a failed transfer returns ncclRemoteError (and a WARN)
 //   iflush      host memory only (ptrSupport = NCCL_PTR_HOST): nothing to flush, NULL request
+//   close*      return at once; the endpoint's flush and close finish on the transport's closer
+//               thread (the flush needs the peer's progress)
 #pragma once
 
 #include <cstddef>
