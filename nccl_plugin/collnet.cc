@@ -318,7 +318,10 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
     c->scheme = s.scheme;
     const thc_status_t st = open_aggregator_job(s.aggregator, rank, nranks, job, credential, s.cfg, &c->comm);
     if (st != THC_SUCCESS)
-      fail(st == THC_ERR_TIMEOUT ? Status::kTimeout : Status::kTransport,
+      fail(st == THC_ERR_TIMEOUT       ? Status::kTimeout
+           : st == THC_ERR_INVALID_ARG ? Status::kInvalidArgument
+           : st == THC_ERR_UNSUPPORTED ? Status::kUnsupported
+                                       : Status::kTransport,
            "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " joining job " + std::to_string(job) +
                " at " + s.aggregator + ": " + thc_last_error());
     for (auto& r : c->pool) r.comm = c.get();
