@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/gpu_check.sh -- the GPU check of thc's CUDA codec and NCCL-like API, in one command.
+# perf/gpu_check.sh -- the GPU check of thc's CUDA codec, NCCL-like API and NCCL plugin, in one command.
 #
 #   bash perf/gpu_check.sh            (outputs under $OUT if set, else ./gpu_check_out)
 #
@@ -12,7 +12,14 @@
 #      compressed integers staged through pinned host memory into MPI), if mpirun exists;
 #   5. times every kernel against a device-to-device copy of the same bytes (thc_gpu_bench, which
 #      first checks parity with the host codec, so it verifies even without GoogleTest);
-#   6. prints a short table last.
+#   6. runs unmodified NCCL over thc's net plugin (libnccl-net-thc.so): nccl-tests' all_reduce_perf
+#      (built from the third-party tree into a scratch folder) and thc_allreduce_perf --nccl, with
+#      THC_GPU_CHECK_NCCL_NP ranks on the one GPU (a distinct NCCL_HOSTID each, so that NCCL sees
+#      separate nodes and connects them through the plugin), a thc-aggregator on loopback and
+#      NCCL_NET_PLUGIN=thc NCCL_COLLNET_ENABLE=1 NCCL_DEBUG=INFO; asserts from NCCL's log that the
+#      plugin and CollNet were used and from the tools that the results are right (exact with
+#      CollNet off, within the NMSE bound with it on);
+#   7. prints a short table last.
 #
 # Fallbacks when a dependency is missing (nothing can be downloaded):
 #   Random123 (librandom123-dev)  header-only and only Philox4x32-10 is used: a bit-identical
@@ -27,11 +34,17 @@
 #                                 and the timings cannot be built: the kernels are compiled for
 #                                 sm_90 with nvcc (a compile check) and the rest is reported as
 #                                 NOT VERIFIED
-#   MPI                           step 4 is skipped
-#   NCCL                          the NCCL API and its tests are not built (THC_WITH_NCCL=AUTO)
+#   MPI                           steps 4 and 6 are skipped
+#   NCCL                          the NCCL API and its tests are not built (THC_WITH_NCCL=AUTO),
+#                                 step 6 is skipped
+#   UCX (libucx-dev)              the plugin is not built: step 6 is skipped
+#   nccl-tests sources            (THC_NCCL_TESTS_DIR, else shared/third_party/nccl-tests next to
+#                                 or above the repository, else /work/shared/...): step 6 runs
+#                                 thc_allreduce_perf --nccl only
 #
 # Environment: OUT (outputs), THC_GPU_BUILD (build folder, default $TMPDIR/thc-gpu-build),
-# THC_GPU_CHECK_NP (MPI processes, default 4), THC_GPU_BENCH_COUNT (floats, default 2^26),
+# THC_GPU_CHECK_NP (MPI processes, default 4), THC_GPU_CHECK_NCCL_NP (NCCL ranks, default the same),
+# THC_NCCL_TESTS_DIR (nccl-tests sources), THC_GPU_BENCH_COUNT (floats, default 2^26),
 # THC_GPU_CHECK_PRETEND_MISSING (e.g. "random123 gtest cli11 hwy mpi": test the fallbacks).
 set -u -o pipefail
 
@@ -137,8 +150,10 @@ fi
 
 SHIM="$BUILD/shim"
 mkdir -p "$SHIM/Random123" "$SHIM/CLI"
-CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DTHC_BUILD_PERF=OFF
-            -DTHC_WITH_CUDA=ON -DTHC_WITH_DPDK=OFF -DTHC_WITH_UCX=OFF)
+# THC_BUILD_PERF for thc_allreduce_perf (only the listed targets are built); UCX on if found, for
+# the NCCL plugin.
+CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DTHC_BUILD_PERF=ON
+            -DTHC_WITH_CUDA=ON -DTHC_WITH_DPDK=OFF)
 
 if ! dep random123; then
   cat > "$SHIM/Random123/philox.h" <<'EOF'
@@ -235,9 +250,15 @@ if [ $HWY_OK -eq 1 ]; then
   if cmake -S "$ROOT" -B "$BUILD/b" "${CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
     AVAIL=$(ninja -C "$BUILD/b" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_.-]*\): .*/\1/p' | sort -u)
     for t in thc_gpu_bench cuda_kernels_test cuda_nccl_test cuda_engine_device_test thc_gpu_mpi_check \
-             cuda_mpi_device_test cuda_shared_test; do
+             cuda_mpi_device_test cuda_shared_test nccl-net-thc; do
       echo "$AVAIL" | grep -qx "$t" && TARGETS+=("$t")
     done
+    # the aggregator and the perf tool need CLI11 (not the placeholder)
+    if dep cli11; then
+      for t in thc-aggregator thc_allreduce_perf; do
+        echo "$AVAIL" | grep -qx "$t" && TARGETS+=("$t")
+      done
+    fi
     if ! echo "$AVAIL" | grep -qx thc_cuda; then
       step "configure" "FAILED" "no thc_cuda target: is cuda/ added to the build (THC_WITH_CUDA_ENABLED)? see configure.log"
     else
@@ -256,9 +277,11 @@ else
   # Without Highway the host codec cannot be built: compile-check the kernels with nvcc only.
   log "Highway is missing and the build has no THC_WITH_HWY switch: compile check of the kernels only"
   ok=1
+  SHIM_INC=()
+  dep random123 || SHIM_INC=("-I$SHIM")
   for f in device_codec prelude thc_kernels nat_kernels; do
     nvcc -std=c++17 -arch=sm_90 -fmad=false -c "$ROOT/cuda/$f.cu" -o "$BUILD/$f.o" -I"$ROOT" -I"$ROOT/include" \
-      $(dep random123 || echo "-I$SHIM") >> "$OUT/build.log" 2>&1 || ok=0
+      "${SHIM_INC[@]}" >> "$OUT/build.log" 2>&1 || ok=0
   done
   if [ $ok -eq 1 ]; then
     step "build" "partial" "kernels compile for sm_90; host codec, tests and timings NOT VERIFIED (need libhwy-dev)"
@@ -335,7 +358,153 @@ if [ $BUILT_OK -eq 1 ] && [ -x "$B/thc_gpu_bench" ]; then
   fi
 fi
 
-# ---- 6. the table -----------------------------------------------------------------------------
+# ---- 6. NCCL over the thc net plugin ------------------------------------------------------------
+NCCL_NP=${THC_GPU_CHECK_NCCL_NP:-$NP}
+PLUGIN="$BUILD/b/nccl_plugin/libnccl-net-thc.so"
+AGG_BIN="$BUILD/b/switch_offload/thc-aggregator"
+PERF_BIN="$BUILD/b/perf/allreduce_perf/thc_allreduce_perf"
+nccl_tests_dir() {
+  local d
+  for d in "${THC_NCCL_TESTS_DIR:-}" "$ROOT/shared/third_party/nccl-tests" "$ROOT/../shared/third_party/nccl-tests" \
+           /work/shared/third_party/nccl-tests; do
+    if [ -n "$d" ] && [ -f "$d/src/Makefile" ]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+# One NCCL job: NCCL_NP ranks sharing the GPU, each its own "node" (NCCL_HOSTID), the plugin found by
+# name (NCCL_NET_PLUGIN=thc, libnccl-net-thc.so on LD_LIBRARY_PATH) as a user would set it up.
+# NCCL_TESTS_DEVICE=0: nccl-tests would otherwise give each process of the host its own GPU.
+#   nccl_job NAME COLLNET(0|1) SECONDS COMMAND...   -> $OUT/nccl_NAME.log, returns the exit status
+nccl_job() {
+  local name=$1 collnet=$2 secs=$3
+  shift 3
+  local algo=Ring
+  [ "$collnet" = 1 ] && algo=CollNetChain,CollNetDirect,Ring
+  # shellcheck disable=SC2016  # $OMPI_COMM_WORLD_RANK expands in each rank's shell, not here
+  timeout "$secs" mpirun --oversubscribe --bind-to none -np "$NCCL_NP" \
+    -x LD_LIBRARY_PATH="$(dirname "$PLUGIN"):/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}" \
+    -x NCCL_NET_PLUGIN=thc -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
+    -x THC_COLLNET_AGGREGATOR="$AGG_URL" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
+    -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET,COLL,ENV -x NCCL_TESTS_DEVICE=0 \
+    bash -c 'NCCL_HOSTID="thc-gpu-check-$OMPI_COMM_WORLD_RANK" exec "$@"' nccl-rank "$@" \
+    > "$OUT/nccl_$name.log" 2>&1
+}
+# What NCCL's log (and the plugin's lines in it) says about a job.
+nccl_evidence() {
+  local log=$1 e=""
+  grep -qE "Loaded net plugin THC|Using network THC" "$log" && e+="net=THC "
+  grep -q "Loaded collnet plugin THC" "$log" && e+="collnet-plugin "
+  grep -q "NET/THC device .* connection: UCX lanes" "$log" && e+="ucx "
+  grep -q "NET/THC CollNet: rank .* joined job" "$log" && e+="collnet-job "
+  grep -qE "NET/THC CollNet rank .* first .* allreduce" "$log" && e+="collnet-allreduce "
+  echo "${e% }"
+}
+# The first line of a job's log that says what went wrong.
+nccl_first_error() {
+  grep -m1 -E "NCCL WARN|Test failure|CUDA failure|FAILED|error|Error" "$1" | cut -c1-140
+}
+if [ $BUILT_OK -eq 1 ]; then
+  if [ -z "$GPU" ]; then
+    step "nccl plugin" "skipped" "no CUDA device (nvidia-smi found none)"
+  elif [ ! -f "$PLUGIN" ]; then
+    step "nccl plugin" "skipped" "libnccl-net-thc.so not built (needs UCX: libucx-dev)"
+  elif ! command -v mpirun >/dev/null || ! dep mpi; then
+    step "nccl plugin" "skipped" "no MPI (mpirun) to start the NCCL ranks"
+  elif ! dep nccl; then
+    step "nccl plugin" "skipped" "no NCCL"
+  elif [ ! -x "$AGG_BIN" ] || [ ! -x "$PERF_BIN" ]; then
+    step "nccl plugin" "skipped" "thc-aggregator / thc_allreduce_perf not built (need CLI11: libcli11-dev)"
+  else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    rm -f "$OUT/aggregator.port"
+    export THC_AGGREGATOR_KEY_FILE="$OUT/aggregator.keys"
+    "$AGG_BIN" --key-file "$THC_AGGREGATOR_KEY_FILE" --create-key-file --port 0 --port-file "$OUT/aggregator.port" \
+      --bind 127.0.0.1 --threads 2 --stats-interval 0 \
+      > "$OUT/aggregator.log" 2>&1 &
+    AGG_PID=$!
+    for _ in $(seq 100); do
+      [ -s "$OUT/aggregator.port" ] && break
+      sleep 0.1
+    done
+    AGG_URL="udp://127.0.0.1:$(cat "$OUT/aggregator.port" 2>/dev/null)"
+    log "thc-aggregator (pid $AGG_PID) at $AGG_URL; NCCL ranks: $NCCL_NP on one GPU"
+
+    NT_BIN=""
+    if NT_DIR=$(nccl_tests_dir); then
+      # Built into a scratch folder: the third-party tree stays untouched.
+      NT_BUILD="$BUILD/nccl-tests"
+      mkdir -p "$NT_BUILD"
+      MPI_HOME=$(dirname "$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')")
+      if timeout 300 make -j "$JOBS" -C "$NT_DIR/src" BUILDDIR="$NT_BUILD" MPI=1 MPI_HOME="$MPI_HOME" \
+           CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr/local/cuda NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 \
+           "$NT_BUILD/all_reduce_perf" > "$OUT/nccl_tests_build.log" 2>&1; then
+        NT_BIN="$NT_BUILD/all_reduce_perf"
+        step "nccl-tests build" "ok" "all_reduce_perf from $NT_DIR (nccl_tests_build.log)"
+      else
+        step "nccl-tests build" "FAILED" "$(grep -m1 -iE 'error' "$OUT/nccl_tests_build.log" | cut -c1-150) (nccl_tests_build.log)"
+      fi
+    else
+      step "nccl-tests build" "skipped" "nccl-tests sources not found (set THC_NCCL_TESTS_DIR)"
+    fi
+
+    if [ -n "$NT_BIN" ]; then
+      # CollNet off: NCCL's ring runs over the plugin's UCX transport; nccl-tests checks exactly.
+      nccl_job tests_net 0 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 1
+      rc=$?
+      ev=$(nccl_evidence "$OUT/nccl_tests_net.log")
+      bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_net.log" | awk '{print $NF}')
+      if [ $rc -eq 0 ] && grep -q "Out of bounds values : 0 OK" "$OUT/nccl_tests_net.log" && [[ "$ev" == *net=THC* ]]; then
+        step "nccl-tests net np=$NCCL_NP" "ok" "exact; avg busbw ${bw:-?} GB/s; log: $ev"
+      else
+        step "nccl-tests net np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_net.log") (nccl_tests_net.log)"
+      fi
+      # CollNet on: compressed sums are not exact, so no -c check here (thc_allreduce_perf measures
+      # the error below); the log must show the plugin's CollNet at work.
+      nccl_job tests_collnet 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
+      rc=$?
+      ev=$(nccl_evidence "$OUT/nccl_tests_collnet.log")
+      bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_collnet.log" | awk '{print $NF}')
+      if [ $rc -eq 0 ] && [[ "$ev" == *collnet-job*collnet-allreduce* ]]; then
+        step "nccl-tests collnet np=$NCCL_NP" "ok" "avg busbw ${bw:-?} GB/s; log: $ev"
+      else
+        step "nccl-tests collnet np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet.log") (nccl_tests_collnet.log)"
+      fi
+    fi
+
+    # thc_allreduce_perf --nccl with CollNet on: ncclAllReduce on device buffers, NMSE checked.
+    nccl_job perf_collnet 1 150 "$PERF_BIN" --nccl -b 1M -e 32M -f 4 -n 5 -w 2 -c 1 --nmse-bound 0.1
+    rc=$?
+    ev=$(nccl_evidence "$OUT/nccl_perf_collnet.log")
+    nmse=$(grep -m1 'Worst NMSE' "$OUT/nccl_perf_collnet.log" | sed 's/.*: *//')
+    if [ $rc -eq 0 ] && grep -q "Worst NMSE .* OK" "$OUT/nccl_perf_collnet.log" && [[ "$ev" == *collnet-allreduce* ]]; then
+      step "thc_allreduce_perf --nccl" "ok" "NMSE ${nmse}; log: $ev"
+    else
+      step "thc_allreduce_perf --nccl" "FAILED" "rc=$rc NMSE ${nmse:-?}; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_perf_collnet.log") (nccl_perf_collnet.log)"
+    fi
+
+    kill -TERM "$AGG_PID" 2>/dev/null
+    wait "$AGG_PID" 2>/dev/null
+    elems=$(grep -o 'elements=[0-9]*' "$OUT/aggregator.log" | tail -1 | cut -d= -f2)
+    if [ "${elems:-0}" -gt 0 ]; then
+      step "thc-aggregator" "ok" "aggregated ${elems} elements for NCCL's CollNet"
+    else
+      step "thc-aggregator" "FAILED" "aggregated nothing: CollNet never reached it (aggregator.log)"
+    fi
+    {
+      echo "# NCCL's plugin-related lines, first job of each kind"
+      for f in "$OUT"/nccl_*.log; do
+        [ -f "$f" ] || continue
+        echo "== $(basename "$f")"
+        grep -E "NET/Plugin|Using network|NET/THC|CollNet|Out of bounds|Avg bus|Worst NMSE" "$f" | head -40
+      done
+    } > "$OUT/nccl_summary.txt"
+  fi
+fi
+
+# ---- 7. the table -----------------------------------------------------------------------------
 {
   echo
   echo "==== thc GPU check: ${GPU:-unknown GPU}, $(elapsed) s ===="

@@ -5,7 +5,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       libhwy-dev librandom123-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
       libopenmpi-dev openmpi-bin libucx-dev libdpdk-dev libsodium-dev
       clang libclang-rt-14-dev
-      iproute2 ethtool gnuplot-nox python3)
+      iproute2 ethtool gnuplot-nox python3 shellcheck)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -81,6 +81,8 @@ typedef struct thc_config {
   char dpdk_eal[512];    /* THC_DPDK_EAL: EAL arguments of a dpdk:// aggregator client */
   char dpdk_local[64];   /* THC_DPDK_LOCAL: this worker's IPv4[:UDP port] on the DPDK port */
   int dpdk_port_id;      /* THC_DPDK_PORT_ID: DPDK port of a dpdk:// aggregator client */
+  char collnet_aggregator[512]; /* THC_COLLNET_AGGREGATOR: NCCL plugin: aggregator address(es); "" = no CollNet */
+  int collnet_scheme;    /* THC_COLLNET_SCHEME: NCCL plugin: thc_scheme_t of CollNet allreduces */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;

@@ -21,6 +21,14 @@
 // nccl-tests do: thc then runs its codec on the GPU and stages only compressed integers through
 // host memory; --scheme none stages the floats (cudaMemcpy, MPI_Allreduce, cudaMemcpy), which is
 // what an MPI without CUDA support needs. Times include those copies.
+//
+// --nccl (CUDA builds with NCCL) runs ncclAllReduce on device buffers instead, one NCCL rank per MPI
+// process (ncclUniqueId broadcast over MPI, as nccl-tests do): the way to drive NCCL, and the thc
+// net plugin under it, with this tool. Timing as nccl-tests: -n launches back to back on one
+// stream, then one synchronize. Compression, if any, is the plugin's (NCCL_NET_PLUGIN=thc
+// NCCL_COLLNET_ENABLE=1 THC_COLLNET_AGGREGATOR=...): --scheme stays none, the NMSE column shows
+// what it cost (pass --nmse-bound, e.g. 0.1, when CollNet compresses). wire_B/elem is the nominal
+// 2(n-1)/n * element size of an uncompressed ring; algo says "nccl".
 #include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -46,6 +54,10 @@
 
 #include "collectives/engine/device.h"
 #include "cuda/thc_cuda.h"
+#if defined(THC_CUDA_HAVE_NCCL)
+#include <nccl.h>
+#define THC_PERF_NCCL 1
+#endif
 #endif
 
 
@@ -175,6 +187,7 @@ struct Options {
   long block = -1;
   bool ef = false;
   bool device = false;
+  bool nccl = false;
   uint64_t seed = 0;
   std::string json, aggregator;
   double nmse_bound = -1;
@@ -246,6 +259,9 @@ int main(int argc, char** argv) {
   app.add_flag("--ef", o.ef, "error feedback (one residual per size)");
   app.add_flag("--device", o.device,
                "buffers in CUDA device memory (codec on the GPU; --scheme none stages through host memory)");
+  app.add_flag("--nccl", o.nccl,
+               "ncclAllReduce on device buffers (CUDA build with NCCL; drives NCCL and its net plugin, e.g. "
+               "NCCL_NET_PLUGIN=thc NCCL_COLLNET_ENABLE=1 THC_COLLNET_AGGREGATOR=udp://HOST:PORT)");
   app.add_option("--seed", o.seed, "seed of the inputs and of thc's randomness (0: inputs 1, thc draws one)");
   app.add_option("--json", o.json, "write every row (and the configuration) to this JSON file");
   app.add_option("--nmse-bound", o.nmse_bound,
@@ -276,10 +292,20 @@ int main(int argc, char** argv) {
   if (o.factor < 1) die_all("-f must be at least 1");
   const TypeInfo ti = type_info(o.dtype);
   const bool none = o.scheme == "none";
+  if (o.nccl) {
+    if (!none) die_all("--nccl: NCCL reduces; compression is its net plugin's (THC_COLLNET_SCHEME), keep --scheme none");
+    if (!o.aggregator.empty()) die_all("--nccl: the aggregator is the plugin's (THC_COLLNET_AGGREGATOR), not --aggregator");
+    if (o.ef) die_all("--nccl: no error feedback through NCCL");
+    o.device = true;
+  }
+#if !defined(THC_PERF_NCCL)
+  if (o.nccl) die_all("--nccl: this build has no NCCL (configure with THC_WITH_CUDA and THC_WITH_NCCL)");
+#endif
 #if defined(THC_PERF_CUDA)
   if (o.device) {
     int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) die_all("--device: no CUDA device");
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
+      die_all(std::string(o.nccl ? "--nccl" : "--device") + ": no CUDA device");
     if (cudaSetDevice(g_rank % ndev) != cudaSuccess) die("--device: cudaSetDevice failed");
     if (ti.thc == THC_FLOAT64 && !none) die_all("--device: the GPU codec takes float, half and bfloat16");
     // libthc_cuda registers its device path when loaded; naming it also serves static builds.
@@ -348,6 +374,30 @@ int main(int argc, char** argv) {
           (o.aggregator.empty() ? std::string() : " (aggregator " + o.aggregator + ")") + ": " + thc_last_error());
   }
 
+#if defined(THC_PERF_NCCL)
+  // ---- NCCL communicator (--nccl): one rank per process, the id from rank 0 over MPI
+  ncclComm_t nc = nullptr;
+  cudaStream_t stream = nullptr;
+  int nccl_version = 0;
+  if (o.nccl) {
+    ncclUniqueId id;
+    if (g_rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) die("ncclGetUniqueId failed");
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    const ncclResult_t r = ncclCommInitRank(&nc, g_size, id, g_rank);
+    if (r != ncclSuccess) die(std::string("ncclCommInitRank: ") + ncclGetErrorString(r));
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) die("cudaStreamCreate failed");
+    ncclGetVersion(&nccl_version);
+  }
+  auto nccl_type = [&]() {
+    switch (ti.thc) {
+      case THC_FLOAT16: return ncclFloat16;
+      case THC_BFLOAT16: return ncclBfloat16;
+      case THC_FLOAT64: return ncclFloat64;
+      default: return ncclFloat32;
+    }
+  };
+#endif
+
   // ---- header (nccl-tests style)
   if (g_rank == 0) {
     std::printf("# thc_allreduce_perf (thc %s): nRanks %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
@@ -356,7 +406,13 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(o.max_bytes),
                 static_cast<unsigned long long>(o.factor > 1 ? static_cast<uint64_t>(o.factor) : o.step_bytes),
                 o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.checks);
-    if (none) {
+    if (o.nccl) {
+#if defined(THC_PERF_NCCL)
+      std::printf("# scheme: none (ncclAllReduce on %s, NCCL %d, NCCL_NET_PLUGIN=%s, NCCL_COLLNET_ENABLE=%s)", ti.name,
+                  nccl_version, std::getenv("NCCL_NET_PLUGIN") ? std::getenv("NCCL_NET_PLUGIN") : "(unset)",
+                  std::getenv("NCCL_COLLNET_ENABLE") ? std::getenv("NCCL_COLLNET_ENABLE") : "(unset)");
+#endif
+    } else if (none) {
       std::printf("# scheme: none (MPI_Allreduce on %s)", ti.name);
     } else {
       std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
@@ -418,7 +474,7 @@ int main(int argc, char** argv) {
       if (cudaMalloc(&dsend, bytes + 8) != cudaSuccess || cudaMalloc(&drecv, bytes + 8) != cudaSuccess)
         die("--device: cudaMalloc of " + std::to_string(bytes) + " bytes failed");
       if (cudaMemcpy(dsend, send.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) die("cudaMemcpy failed");
-      if (none) stage.resize(bytes + 8);
+      if (none && !o.nccl) stage.resize(bytes + 8);
     }
 #endif
     auto copy = [&](void* dst, const void* src, size_t n, bool to_device) {
@@ -430,7 +486,16 @@ int main(int argc, char** argv) {
 #endif
     };
 
-    auto run_once = [&]() {
+    // launch(): start one allreduce; finish(): wait for what was launched (NCCL is stream-ordered,
+    // everything else is done when launch returns).
+    auto launch = [&]() {
+#if defined(THC_PERF_NCCL)
+      if (o.nccl) {
+        const ncclResult_t r = ncclAllReduce(dsend, drecv, count, nccl_type(), avg ? ncclAvg : ncclSum, nc, stream);
+        if (r != ncclSuccess) die(std::string("ncclAllReduce: ") + ncclGetErrorString(r));
+        return;
+      }
+#endif
       if (none) {
         // (on device buffers: staged through host memory, as an MPI without CUDA support needs)
         char* s = send.data();
@@ -448,6 +513,20 @@ int main(int argc, char** argv) {
         die(std::string("thc_allreduce_scheme: ") + thc_last_error());
       }
     };
+    auto finish = [&]() {
+#if defined(THC_PERF_NCCL)
+      if (o.nccl) {
+        if (cudaStreamSynchronize(stream) != cudaSuccess) die("cudaStreamSynchronize failed");
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(nc, &async) != ncclSuccess || async != ncclSuccess)
+          die(std::string("NCCL: ") + ncclGetErrorString(async));
+      }
+#endif
+    };
+    auto run_once = [&]() {
+      launch();
+      finish();
+    };
 
     for (int i = 0; i < o.warmup; ++i) run_once();
     thc_stats_t s0{}, s1{};
@@ -455,7 +534,8 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double c0 = cpu_seconds();
     const double t0 = MPI_Wtime();
-    for (int i = 0; i < o.iters; ++i) run_once();
+    for (int i = 0; i < o.iters; ++i) launch();
+    finish();
     double dt = (MPI_Wtime() - t0) / o.iters, dtmax = 0;
     // CPU time of this rank per call (user + system, all its threads): on a shared-core testbed
     // it tells a CPU-bound run from a wire-bound one.
@@ -477,7 +557,7 @@ int main(int argc, char** argv) {
     if (none) {
       row.wire = 2.0 * share * static_cast<double>(ti.size);
       row.wire_up = row.wire_down = row.wire;  // a ring sends and receives the same
-      row.algo = "mpi";
+      row.algo = o.nccl ? "nccl" : "mpi";
     } else {
       const double elems = static_cast<double>(s1.elements - s0.elements);
       const double wb = static_cast<double>((s1.wire_bytes_up - s0.wire_bytes_up) + (s1.wire_bytes_down - s0.wire_bytes_down));
@@ -567,7 +647,7 @@ int main(int argc, char** argv) {
       if (!f) die("cannot write --json file '" + o.json + "'");
       f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
         << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
-        << "\",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
+        << "\",\n  \"nccl\": " << (o.nccl ? "true" : "false") << ",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
       if (!none)
         f << ",\n  \"config\": {\"bits\": " << cfg.bits << ", \"granularity\": " << cfg.granularity << ", \"p\": "
           << json_num(cfg.p) << ", \"block\": " << cfg.block << ", \"nat_width\": " << cfg.nat_width
@@ -590,6 +670,10 @@ int main(int argc, char** argv) {
     }
   }
   if (tc) thc_comm_destroy(tc);
+#if defined(THC_PERF_NCCL)
+  if (nc) ncclCommDestroy(nc);
+  if (stream) cudaStreamDestroy(stream);
+#endif
   MPI_Op_free(&g_sum16);
   MPI_Type_free(&g_f16);
   MPI_Type_free(&g_bf16);
