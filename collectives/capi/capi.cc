@@ -88,20 +88,8 @@ thc_status_t thc_config_init(thc_config_t* cfg) {
 }
 
 const char* thc_status_string(thc_status_t s) {
-  switch (s) {
-    case THC_SUCCESS: return "success";
-    case THC_ERR_INVALID_ARG: return "invalid argument";
-    case THC_ERR_NONFINITE: return "non-finite input";
-    case THC_ERR_CONFIG_MISMATCH: return "configuration mismatch across ranks";
-    case THC_ERR_OVERFLOW: return "integer sums would overflow";
-    case THC_ERR_TRANSPORT: return "transport failure";
-    case THC_ERR_TIMEOUT: return "timeout";
-    case THC_ERR_UNSUPPORTED: return "unsupported";
-    case THC_ERR_NO_MEMORY: return "out of memory";
-    case THC_ERR_INTERNAL: return "internal error";
-    default: break;
-  }
-  return "unknown status";
+  if (s < THC_SUCCESS || s > THC_ERR_INTERNAL) return "unknown status";
+  return thc::status_text(static_cast<thc::Status>(s));
 }
 
 const char* thc_last_error(void) { return thc::capi::last_error().c_str(); }
