@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/engine/dtype.h"
+#include "transport/mpi/mpi_reducer.h"
 #include "thc/thc_mpi.h"
 
 namespace {
@@ -361,6 +362,41 @@ TEST(MpiAllreduce, PeerThatNeverCallsGivesTimeout) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   // parent is not freed: rank 0's abandoned duplication is still posted on it.
+
+  // A request dropped while its peers never come gives up within the bound (no hang).
+  auto red = thc::transport::make_mpi_reducer(MPI_COMM_WORLD, 1000);
+  if (rank() == 0) {
+    thc::transport::LookupTable table;
+    table.bits = 8;
+    for (int z = 0; z < 256; ++z) table.values.push_back(z);
+    std::vector<uint8_t> packed(4096, 1);
+    std::vector<uint32_t> sums(4096);
+    auto req = red->start_lookup_sum(packed.data(), 4096, table, sums.data(), thc::codec::IntType::kU32, nullptr);
+    req.reset();
+    EXPECT_THROW(red->start_sum(sums.data(), 4096, thc::codec::IntType::kU32), thc::Error);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A request dropped before completion (an error elsewhere in the engine's call) must still
+// play its part: the peers are waiting for its allgather.
+TEST(MpiTransport, PsRequestDroppedBeforeItsAllgatherCompletesForThePeers) {
+  auto red = thc::transport::make_mpi_reducer(MPI_COMM_WORLD, 60000);
+  thc::transport::LookupTable table;
+  table.bits = 4;
+  for (int z = 0; z < 16; ++z) table.values.push_back(z * 3);
+  const uint64_t count = 1000;
+  std::vector<uint8_t> packed(count / 2, static_cast<uint8_t>(0x55));  // index 5 everywhere
+  for (int round = 0; round < 2; ++round) {
+    std::vector<uint16_t> sums(count, 0);
+    auto req = red->start_lookup_sum(packed.data(), count, table, sums.data(), thc::codec::IntType::kU16, nullptr);
+    if (rank() == 0 && round == 0) {
+      req.reset();
+    } else {
+      req->wait();
+      for (uint16_t v : sums) ASSERT_EQ(v, 15 * world());
+    }
+  }
 }
 
 TEST(MpiAllreduce, AvgOnIntegerTypesIsRefused) {
