@@ -149,6 +149,14 @@ int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
                          static_cast<size_t>(count), datatype, op, comm, nullptr);
 }
 
+thc_status_t THC_Comm_get(MPI_Comm comm, thc_comm_t* out) {
+  if (!out) {
+    thc::capi::set_last_error("THC_Comm_get: out is NULL");
+    return THC_ERR_INVALID_ARG;
+  }
+  return comm_for(comm, out);
+}
+
 thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats) {
   void* attr = nullptr;
   int found = 0;

@@ -39,6 +39,10 @@ int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
 int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
                     MPI_Op op, MPI_Comm comm, thc_state_t state);
 
+/* The thc communicator cached on comm, created collectively on first use (as THC_Allreduce does)
+ * and destroyed with comm: for thc_allreduce_scheme's status codes on an MPI communicator. */
+thc_status_t THC_Comm_get(MPI_Comm comm, thc_comm_t* comm_out);
+
 /* Statistics of the thc state cached on comm (THC_ERR_INVALID_ARG if thc never ran on it). */
 thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats);
 
