@@ -1,6 +1,8 @@
 // The engine through the C API on in-process workers (threads).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -322,6 +324,46 @@ TEST(Engine, EarlyFailureOfOneRankIsReportedOnEveryRank) {
   }, &per);
   unsetenv("THC_TIMEOUT_MS");
   for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_SUCCESS) << r;
+}
+
+// thc.h: a communicator takes one call at a time. A second thread's call on the same communicator
+// while the first waits for its peer is refused (it would race the first); stats stay readable.
+TEST(Engine, ConcurrentCallOnOneCommunicatorIsRefused) {
+  setenv("THC_TIMEOUT_MS", "20000", 1);
+  thc_inproc_group_t g;
+  ASSERT_EQ(thc_inproc_group_create(2, &g), THC_SUCCESS);
+  unsetenv("THC_TIMEOUT_MS");
+  const thc_config_t cfg = base_config();
+  thc_comm_t comm[2];
+  std::thread c1([&] { EXPECT_EQ(thc_comm_create_inproc(g, 1, &cfg, &comm[1]), THC_SUCCESS); });
+  ASSERT_EQ(thc_comm_create_inproc(g, 0, &cfg, &comm[0]), THC_SUCCESS);
+  c1.join();
+  std::atomic<bool> second_done{false};
+  thc_status_t first = THC_ERR_INTERNAL, second = THC_ERR_INTERNAL, peer = THC_ERR_INTERNAL;
+  std::vector<float> a(4096, 1.0f), b(4096, 2.0f), c(4096, 3.0f);
+  std::thread t_first([&] { first = thc_allreduce(a.data(), a.data(), a.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr); });
+  std::thread t_second([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (ordering only) the first is waiting for rank 1
+    second = thc_allreduce(b.data(), b.data(), b.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr);
+    thc_stats_t st;
+    EXPECT_EQ(thc_comm_stats(comm[0], &st), THC_SUCCESS);
+    second_done = true;
+  });
+  std::thread t_peer([&] {
+    while (!second_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    peer = thc_allreduce(c.data(), c.data(), c.size(), THC_FLOAT32, THC_OP_SUM, comm[1], nullptr);
+  });
+  t_first.join();
+  t_second.join();
+  t_peer.join();
+  EXPECT_EQ(second, THC_ERR_INVALID_ARG);
+  EXPECT_EQ(first, THC_SUCCESS);
+  EXPECT_EQ(peer, THC_SUCCESS);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(b, std::vector<float>(4096, 2.0f)) << "the refused call must not touch its buffer";
+  thc_comm_destroy(comm[0]);
+  thc_comm_destroy(comm[1]);
+  thc_inproc_group_destroy(g);
 }
 
 TEST(Engine, BadArgumentsAreRejected) {
