@@ -63,18 +63,16 @@ class NatRecompress final : public transport::DownstreamCodec {
 // which the sum type must hold. THC_NAT_LEVELS=0 reserves that headroom (codec_for); explicit
 // levels that leave none are refused rather than wrapped.
 void require_recompress_headroom(const codec::Codec& c, int n) {
-  const int64_t top = int64_t{n} << (c.levels() - 1);
-  int64_t up = 1;
-  while (up < top) up <<= 1;
   const int64_t cap = codec::int_max(c.sum_type());
-  if (up <= cap) return;
+  auto rounded_top = [n](int levels) {  // the largest shard sum, rounded up to a power of two
+    int64_t up = 1;
+    while (up < (int64_t{n} << (levels - 1))) up <<= 1;
+    return up;
+  };
+  if (rounded_top(c.levels()) <= cap) return;
   int ok = c.levels();
-  while (ok > 1) {
-    int64_t u = 1;
-    while (u < (int64_t{n} << (ok - 1))) u <<= 1;
-    if (u <= cap) break;
-    --ok;
-  }
+  while (ok > 1 && rounded_top(ok) > cap) --ok;
+  const int64_t top = int64_t{n} << (c.levels() - 1), up = rounded_top(c.levels());
   fail(Status::kOverflow, "THC_BIDIR: " + std::to_string(n) + " workers with " + std::to_string(c.levels()) +
                               " levels make shard sums up to " + std::to_string(top) +
                               ", which re-compression rounds up to " + std::to_string(up) + ", beyond the " +
