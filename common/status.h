@@ -30,6 +30,24 @@ class Error : public std::runtime_error {
   Status status_;
 };
 
+// What each status means, in words (thc_status_string).
+inline const char* status_text(Status s) {
+  switch (s) {
+    case Status::kSuccess: return "success";
+    case Status::kInvalidArgument: return "invalid argument";
+    case Status::kNonFinite: return "non-finite input";
+    case Status::kConfigMismatch: return "configuration mismatch across ranks";
+    case Status::kOverflow: return "integer sums would overflow";
+    case Status::kTransport: return "transport failure";
+    case Status::kTimeout: return "timeout";
+    case Status::kUnsupported: return "unsupported";
+    case Status::kOutOfMemory: return "out of memory";
+    case Status::kInternal: return "internal error";
+    case Status::kLeftBehind: return "left behind by partial aggregation";
+  }
+  return "unknown status";
+}
+
 [[noreturn]] inline void fail(Status s, const std::string& msg) { throw Error(s, msg); }
 
 }  // namespace thc

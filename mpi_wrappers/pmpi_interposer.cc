@@ -7,8 +7,19 @@
 // locally from (count, datatype, op, environment), and ranks that decide differently would call
 // different collectives.
 //
-// Error feedback (THC_EF=1): a residual per (buffer, count, communicator) — the way training loops
-// reuse gradient buffers — bounded by THC_EF_MAX_BYTES, least recently used evicted first.
+// It behaves like MPI_Allreduce where the program can tell:
+// * errors go through the communicator's error handler (MPI_ERRORS_ARE_FATAL by default), with
+//   error codes of a "thc" error class whose strings say what failed;
+// * NaN or Inf in some rank's input: every rank sees it in the prelude, before anything is
+//   reduced, and the call is redone exactly by PMPI_Allreduce, so NaN and Inf propagate element
+//   by element as MPI's own sum would (loss scaling depends on seeing them);
+// * no lock is held across a collective, so threads (MPI_THREAD_MULTIPLE) may run collectives
+//   on different communicators concurrently, as with MPI.
+//
+// Error feedback (THC_EF=1): a residual per (buffer, count) of each communicator — the way
+// training loops reuse gradient buffers — bounded by THC_EF_MAX_BYTES over all communicators,
+// least recently used evicted first. The residuals live in an attribute of the communicator and
+// are dropped when it is freed.
 #include <mpi.h>
 
 #include <cstdio>
@@ -16,69 +27,125 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <tuple>
+#include <utility>
 
 #include "thc/thc_mpi.h"
 
 namespace {
 
 struct Settings {
-  bool loaded = false;
   thc_config_t cfg{};
   bool ok = false;
 };
 
-Settings& settings() {
-  static Settings s;
-  if (!s.loaded) {
-    s.loaded = true;
-    s.ok = thc_config_init(&s.cfg) == THC_SUCCESS;
-    if (!s.ok) std::fprintf(stderr, "libthc_mpi: %s; compression disabled\n", thc_last_error());
-  }
+const Settings& settings() {
+  static const Settings s = [] {
+    Settings v;
+    v.ok = thc_config_init(&v.cfg) == THC_SUCCESS;
+    if (!v.ok) std::fprintf(stderr, "libthc_mpi: %s; compression disabled\n", thc_last_error());
+    return v;
+  }();
   return s;
 }
 
-using EfKey = std::tuple<const void*, size_t, MPI_Comm>;
+struct CommRec;
 struct EfEntry {
-  thc_state_t state;
-  size_t bytes;
-  std::list<EfKey>::iterator lru;
+  thc_state_t state = nullptr;
+  size_t bytes = 0;
+  int busy = 0;  // calls using it right now: never evicted while > 0
+  std::list<std::pair<CommRec*, std::pair<const void*, size_t>>>::iterator lru;
+};
+// What the interposer keeps per communicator, in an attribute (deleted with the communicator).
+struct CommRec {
+  std::map<std::pair<const void*, size_t>, EfEntry> ef;
+  uint64_t wire_seen = 0;  // the communicator's thc wire bytes already counted
 };
 
 struct Counters {
-  uint64_t calls = 0, compressed = 0, float_bytes = 0, wire_bytes = 0, ef_evictions = 0;
+  uint64_t calls = 0, compressed = 0, nonfinite = 0, float_bytes = 0, wire_bytes = 0, ef_evictions = 0;
 };
 
+// Guards everything below; held only for bookkeeping, never across a collective.
 std::mutex g_mu;
-std::set<MPI_Comm> g_comms;  // communicators thc ran on (for the finalize summary)
-std::map<EfKey, EfEntry> g_ef;
-std::list<EfKey> g_lru;  // front = most recent
+std::set<CommRec*> g_recs;  // live records (for MPI_Finalize)
+std::list<std::pair<CommRec*, std::pair<const void*, size_t>>> g_lru;  // front = most recent
 size_t g_ef_bytes = 0;
 Counters g_cnt;
+int g_keyval = MPI_KEYVAL_INVALID;
+int g_err_codes[THC_ERR_INTERNAL + 1];  // MPI error code per thc status (0 = not yet created)
+int g_err_class = -1;
 
-thc_state_t ef_state(const void* buf, size_t count, MPI_Comm comm, long max_bytes) {
-  const EfKey key{buf, count, comm};
-  auto it = g_ef.find(key);
-  if (it != g_ef.end()) {
+void drop_entry_locked(CommRec* rec, std::map<std::pair<const void*, size_t>, EfEntry>::iterator it) {
+  g_ef_bytes -= it->second.bytes;
+  thc_state_destroy(it->second.state);
+  g_lru.erase(it->second.lru);
+  rec->ef.erase(it);
+}
+
+int delete_rec(MPI_Comm, int, void* attr, void*) {
+  auto* rec = static_cast<CommRec*>(attr);
+  std::lock_guard<std::mutex> lk(g_mu);
+  while (!rec->ef.empty()) drop_entry_locked(rec, rec->ef.begin());
+  g_recs.erase(rec);
+  delete rec;
+  return MPI_SUCCESS;
+}
+
+CommRec* rec_for(MPI_Comm comm) {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (g_keyval == MPI_KEYVAL_INVALID) PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_rec, &g_keyval, nullptr);
+  }
+  void* attr = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, g_keyval, &attr, &found);
+  if (found) return static_cast<CommRec*>(attr);
+  auto* rec = new CommRec;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_recs.insert(rec);
+  }
+  PMPI_Comm_set_attr(comm, g_keyval, rec);
+  return rec;
+}
+
+// The residual of (buf, count) on rec's communicator, marked busy; nullptr when it cannot fit.
+thc_state_t ef_acquire(CommRec* rec, const void* buf, size_t count, long max_bytes) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  const auto key = std::make_pair(buf, count);
+  auto it = rec->ef.find(key);
+  if (it != rec->ef.end()) {
     g_lru.splice(g_lru.begin(), g_lru, it->second.lru);
+    it->second.busy++;
     return it->second.state;
   }
   const size_t bytes = count * sizeof(float);
   if (bytes > static_cast<size_t>(max_bytes)) return nullptr;  // larger than the whole budget: no EF
-  while (g_ef_bytes + bytes > static_cast<size_t>(max_bytes) && !g_lru.empty()) {
-    auto victim = g_ef.find(g_lru.back());
-    g_ef_bytes -= victim->second.bytes;
-    thc_state_destroy(victim->second.state);
-    g_ef.erase(victim);
-    g_lru.pop_back();
+  for (auto v = g_lru.end(); g_ef_bytes + bytes > static_cast<size_t>(max_bytes) && v != g_lru.begin();) {
+    --v;
+    CommRec* vr = v->first;
+    auto ve = vr->ef.find(v->second);
+    if (ve->second.busy > 0) continue;  // another thread's call is using it
+    v = std::next(v);
+    drop_entry_locked(vr, ve);
     g_cnt.ef_evictions++;
   }
   thc_state_t st;
   if (thc_state_create(&st) != THC_SUCCESS) return nullptr;
-  g_lru.push_front(key);
-  g_ef[key] = EfEntry{st, bytes, g_lru.begin()};
+  g_lru.emplace_front(rec, key);
+  EfEntry& e = rec->ef[key];
+  e.state = st;
+  e.bytes = bytes;
+  e.busy = 1;
+  e.lru = g_lru.begin();
   g_ef_bytes += bytes;
   return st;
+}
+
+void ef_release(CommRec* rec, const void* buf, size_t count) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = rec->ef.find(std::make_pair(buf, count));
+  if (it != rec->ef.end()) it->second.busy--;
 }
 
 bool eligible(MPI_Datatype dt, MPI_Op op, int count, MPI_Comm comm, const thc_config_t& cfg) {
@@ -93,61 +160,103 @@ bool eligible(MPI_Datatype dt, MPI_Op op, int count, MPI_Comm comm, const thc_co
   return !inter;
 }
 
+// An MPI error code of the "thc" class for a thc status, created on first use.
+int mpi_code(thc_status_t st) {
+  if (st <= THC_SUCCESS || st > THC_ERR_INTERNAL) st = THC_ERR_INTERNAL;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_err_class < 0 && PMPI_Add_error_class(&g_err_class) != MPI_SUCCESS) return MPI_ERR_OTHER;
+  if (g_err_codes[st] == 0) {
+    int code;
+    if (PMPI_Add_error_code(g_err_class, &code) != MPI_SUCCESS) return MPI_ERR_OTHER;
+    char text[160];
+    std::snprintf(text, sizeof text, "thc (libthc_mpi) compressed MPI_Allreduce: %s (details on stderr)",
+                  thc_status_string(st));
+    PMPI_Add_error_string(code, text);
+    g_err_codes[st] = code;
+  }
+  return g_err_codes[st];
+}
+
 }  // namespace
 
 extern "C" {
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  Settings& s = settings();
+  const Settings& s = settings();
   if (!s.ok || !eligible(datatype, op, count, comm, s.cfg))
     return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-  std::lock_guard<std::mutex> lk(g_mu);
-  g_cnt.calls++;
-  thc_state_t ef = s.cfg.ef ? ef_state(recvbuf, static_cast<size_t>(count), comm, s.cfg.ef_max_bytes) : nullptr;
-  const int rc = THC_Allreduce_x(static_cast<thc_scheme_t>(s.cfg.mpi_allreduce), sendbuf, recvbuf,
-                                 static_cast<size_t>(count), datatype, op, comm, ef);
-  if (rc != MPI_SUCCESS) {
-    std::fprintf(stderr, "libthc_mpi: compressed MPI_Allreduce failed: %s\n", thc_last_error());
-    return rc;
+  CommRec* rec = rec_for(comm);
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_cnt.calls++;
   }
-  int elem = datatype == MPI_FLOAT ? 4 : 2;
-  g_comms.insert(comm);
-  g_cnt.compressed++;
-  g_cnt.float_bytes += static_cast<uint64_t>(count) * elem;
-  return rc;
+  const size_t n = static_cast<size_t>(count);
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, s.cfg.ef_max_bytes) : nullptr;
+  const thc_dtype_t dt =
+      datatype == MPI_FLOAT ? THC_FLOAT32 : (datatype == THC_MPI_FLOAT16() ? THC_FLOAT16 : THC_BFLOAT16);
+  thc_comm_t tc = nullptr;
+  thc_status_t why = THC_Comm_get(comm, &tc);
+  if (why == THC_SUCCESS)
+    why = thc_allreduce_scheme(static_cast<thc_scheme_t>(s.cfg.mpi_allreduce),
+                               sendbuf == MPI_IN_PLACE ? THC_IN_PLACE : sendbuf, recvbuf, n, dt, THC_OP_SUM, tc, ef);
+  if (ef) ef_release(rec, recvbuf, n);
+  const int elem = datatype == MPI_FLOAT ? 4 : 2;
+  if (why == THC_SUCCESS) {
+    thc_stats_t st;
+    const bool have = thc_comm_stats(tc, &st) == THC_SUCCESS;
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_cnt.compressed++;
+    g_cnt.float_bytes += static_cast<uint64_t>(count) * elem;
+    if (have) {
+      const uint64_t w = st.wire_bytes_up + st.wire_bytes_down;
+      g_cnt.wire_bytes += w - rec->wire_seen;
+      rec->wire_seen = w;
+    }
+    return MPI_SUCCESS;
+  }
+  if (why == THC_ERR_NONFINITE) {
+    // Every rank saw it before anything was reduced (recvbuf untouched): MPI's own sum then
+    // propagates NaN and Inf exactly where MPI_Allreduce would.
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_cnt.nonfinite++;
+    }
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+  }
+  std::fprintf(stderr, "libthc_mpi: compressed MPI_Allreduce failed: %s\n", thc_last_error());
+  const int code = mpi_code(why);
+  PMPI_Comm_call_errhandler(comm, code);
+  return code;
 }
 
 int MPI_Finalize(void) {
-  Settings& s = settings();
-  if (s.ok && s.cfg.debug) {
-    int rank = 0;
-    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    // Wire bytes come from the communicator statistics of MPI_COMM_WORLD's thc state, if any.
-    std::lock_guard<std::mutex> lk(g_mu);
-    int n = 1;
-    PMPI_Comm_size(MPI_COMM_WORLD, &n);
-    uint64_t wire = 0;
-    for (MPI_Comm c : g_comms) {
-      thc_stats_t st;
-      if (THC_Comm_stats(c, &st) == THC_SUCCESS) wire += st.wire_bytes_up + st.wire_bytes_down;
-    }
-    // What a ring allreduce of the same input moves per rank: 2 (n-1)/n of the bytes.
-    const double ring = n > 1 ? 2.0 * (n - 1) / n * static_cast<double>(g_cnt.float_bytes) : 0.0;
-    std::fprintf(stderr,
-                 "libthc_mpi[%d]: %llu compressed allreduces (%llu eligible), %.1f MB input, "
-                 "%.1f MB on the wire vs %.1f MB uncompressed ring (%.1f MB saved), "
-                 "error-feedback tensors %zu (%.1f MB, %llu evicted)\n",
-                 rank, static_cast<unsigned long long>(g_cnt.compressed), static_cast<unsigned long long>(g_cnt.calls),
-                 g_cnt.float_bytes / 1e6, wire / 1e6, ring / 1e6, (ring - static_cast<double>(wire)) / 1e6,
-                 g_ef.size(), g_ef_bytes / 1e6, static_cast<unsigned long long>(g_cnt.ef_evictions));
-  }
+  const Settings& s = settings();
   {
     std::lock_guard<std::mutex> lk(g_mu);
-    for (auto& kv : g_ef) thc_state_destroy(kv.second.state);
-    g_ef.clear();
-    g_lru.clear();
-    g_ef_bytes = 0;
+    if (s.ok && s.cfg.debug) {
+      int rank = 0, n = 1;
+      PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      PMPI_Comm_size(MPI_COMM_WORLD, &n);
+      // What a ring allreduce of the same input moves per rank: 2 (n-1)/n of the bytes.
+      const double ring = n > 1 ? 2.0 * (n - 1) / n * static_cast<double>(g_cnt.float_bytes) : 0.0;
+      const double wire = static_cast<double>(g_cnt.wire_bytes);
+      size_t tensors = 0;
+      for (CommRec* r : g_recs) tensors += r->ef.size();
+      std::fprintf(stderr,
+                   "libthc_mpi[%d]: %llu compressed allreduces (%llu eligible, %llu redone exactly for NaN/Inf), "
+                   "%.1f MB input, %.1f MB on the wire vs %.1f MB uncompressed ring (%.1f MB saved), "
+                   "error-feedback tensors %zu (%.1f MB, %llu evicted)\n",
+                   rank, static_cast<unsigned long long>(g_cnt.compressed),
+                   static_cast<unsigned long long>(g_cnt.calls), static_cast<unsigned long long>(g_cnt.nonfinite),
+                   g_cnt.float_bytes / 1e6, wire / 1e6, ring / 1e6, (ring - wire) / 1e6, tensors, g_ef_bytes / 1e6,
+                   static_cast<unsigned long long>(g_cnt.ef_evictions));
+    }
+    // Communicators that live until MPI_Finalize may never see their attributes deleted: drop
+    // their residuals now (the records themselves go with their attributes, if ever).
+    for (CommRec* r : g_recs)
+      while (!r->ef.empty()) drop_entry_locked(r, r->ef.begin());
   }
+  // Unlocked: finalizing deletes attributes, and so runs delete_rec.
   return PMPI_Finalize();
 }
 

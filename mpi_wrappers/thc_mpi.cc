@@ -6,7 +6,7 @@
 #include <string>
 
 #include "collectives/capi/capi.h"
-#include "collectives/engine/device.h"
+#include "collectives/engine/knobs.h"
 #include "transport/mpi/mpi_reducer.h"
 
 namespace {
@@ -22,7 +22,8 @@ int delete_comm_attr(MPI_Comm, int, void* attr, void*) {
   return MPI_SUCCESS;
 }
 
-// THC_MPI_AVG on the exact path: the user function sums; THC_Allreduce_x divides afterwards.
+// THC_MPI_AVG is an op for THC_Allreduce*, which never hands it to MPI. Handed to MPI itself
+// (MPI_Allreduce without libthc), it sums float and double, as documented in thc_mpi.h.
 void avg_as_sum(void* in, void* inout, int* len, MPI_Datatype* dt) {
   if (*dt == MPI_FLOAT) {
     for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
@@ -67,12 +68,18 @@ extern "C" {
 
 thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_comm_t* out) {
   std::unique_ptr<thc::transport::Reducer> r;
+  thc_config_t c;
   const thc_status_t st = thc::capi::guard("thc_comm_create_mpi", [&] {
     if (comm == MPI_COMM_NULL) thc::fail(thc::Status::kInvalidArgument, "MPI_COMM_NULL");
-    r = thc::transport::make_mpi_reducer(comm);
+    if (cfg) {
+      c = *cfg;
+    } else {
+      thc::engine::config_from_env(&c);
+    }
+    r = thc::transport::make_mpi_reducer(comm, c.timeout_ms);
   });
   if (st != THC_SUCCESS) return st;
-  return thc::capi::create_comm(std::move(r), cfg, out);
+  return thc::capi::create_comm(std::move(r), &c, out);
 }
 
 MPI_Op THC_MPI_AVG(void) {
@@ -105,27 +112,18 @@ int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, siz
   const bool avg = op != MPI_OP_NULL && op == g_avg;
   const bool compressible = thc_dtype_of(datatype, &dt) && (op == MPI_SUM || avg);
   if (!compressible) {
-    // Exact path, untouched (for THC_MPI_AVG on float/double: sum, then divide).
+    if (avg) {
+      // An average of integers is no integer, and MPI has no such op to fall back on.
+      thc::capi::set_last_error("THC_Allreduce_x: THC_MPI_AVG is defined for float, double, half and bfloat16 only; "
+                                "use MPI_SUM and divide");
+      return MPI_ERR_OP;
+    }
+    // Exact path, untouched.
     if (count > static_cast<size_t>(INT_MAX)) {
       thc::capi::set_last_error("THC_Allreduce_x: exact fallback supports at most INT_MAX elements");
       return MPI_ERR_COUNT;
     }
-    if (avg && thc::engine::is_device_buffer(recvbuf)) {
-      // (the division below runs on the host)
-      thc::capi::set_last_error("THC_Allreduce_x: THC_MPI_AVG of an uncompressed datatype on device buffers is not "
-                                "supported; use MPI_SUM and scale on the device");
-      return MPI_ERR_BUFFER;
-    }
-    int rc = PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm);
-    if (rc == MPI_SUCCESS && avg) {
-      int n;
-      PMPI_Comm_size(comm, &n);
-      if (datatype == MPI_FLOAT)
-        for (size_t i = 0; i < count; ++i) static_cast<float*>(recvbuf)[i] /= static_cast<float>(n);
-      else if (datatype == MPI_DOUBLE)
-        for (size_t i = 0; i < count; ++i) static_cast<double*>(recvbuf)[i] /= n;
-    }
-    return rc;
+    return PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm);
   }
   thc_comm_t tc;
   if (comm_for(comm, &tc) != THC_SUCCESS) return MPI_ERR_OTHER;
@@ -149,6 +147,14 @@ int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   if (thc_config_init(&cfg) != THC_SUCCESS) return MPI_ERR_OTHER;
   return THC_Allreduce_x(cfg.nat_scheme == THC_SCHEME_DNAT ? THC_SCHEME_DNAT : THC_SCHEME_CNAT, sendbuf, recvbuf,
                          static_cast<size_t>(count), datatype, op, comm, nullptr);
+}
+
+thc_status_t THC_Comm_get(MPI_Comm comm, thc_comm_t* out) {
+  if (!out) {
+    thc::capi::set_last_error("THC_Comm_get: out is NULL");
+    return THC_ERR_INVALID_ARG;
+  }
+  return comm_for(comm, out);
 }
 
 thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats) {

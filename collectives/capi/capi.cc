@@ -66,7 +66,7 @@ thc_status_t make_comm(const char* where, std::unique_ptr<transport::Reducer>* r
       engine::config_from_env(&c);
     }
     auto e = std::make_unique<engine::Engine>(std::move(*r), c);
-    *comm = new thc_comm_s{std::move(e)};
+    *comm = new thc_comm_s(std::move(e));
   });
 }
 
@@ -88,21 +88,8 @@ thc_status_t thc_config_init(thc_config_t* cfg) {
 }
 
 const char* thc_status_string(thc_status_t s) {
-  switch (s) {
-    case THC_SUCCESS: return "success";
-    case THC_ERR_INVALID_ARG: return "invalid argument";
-    case THC_ERR_NONFINITE: return "non-finite input";
-    case THC_ERR_CONFIG_MISMATCH: return "configuration mismatch across ranks";
-    case THC_ERR_OVERFLOW: return "integer sums would overflow";
-    case THC_ERR_TRANSPORT: return "transport failure";
-    case THC_ERR_TIMEOUT: return "timeout";
-    case THC_ERR_UNSUPPORTED: return "unsupported";
-    case THC_ERR_NO_MEMORY: return "out of memory";
-    case THC_ERR_INTERNAL: return "internal error";
-    case THC_ERR_LEFT_BEHIND: return "left behind by partial aggregation";
-    default: break;
-  }
-  return "unknown status";
+  if (s < THC_SUCCESS || s > THC_ERR_LEFT_BEHIND) return "unknown status";
+  return thc::status_text(static_cast<thc::Status>(s));
 }
 
 const char* thc_last_error(void) { return thc::capi::last_error().c_str(); }
@@ -172,8 +159,13 @@ thc_status_t thc_state_destroy(thc_state_t state) {
 }
 
 thc_status_t thc_state_reset(thc_state_t state) {
-  if (state) state->ef.reset();
-  return THC_SUCCESS;
+  return guard("thc_state_reset", [&] {
+    if (!state) return;
+    if (state->busy.exchange(true))
+      thc::fail(thc::Status::kInvalidArgument, "the error-feedback state is in use by a call on another thread");
+    state->ef.reset();
+    state->busy.store(false);
+  });
 }
 
 thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count,
@@ -184,6 +176,30 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
       thc::fail(thc::Status::kInvalidArgument, "op must be THC_OP_SUM or THC_OP_AVG");
     if (scheme < THC_SCHEME_THC || scheme > THC_SCHEME_DNAT)
       thc::fail(thc::Status::kInvalidArgument, "unknown scheme " + std::to_string(static_cast<int>(scheme)));
+    // One call at a time per communicator and per state (thc.h): a second thread is told so
+    // rather than racing the first.
+    if (comm->busy.exchange(true))
+      thc::fail(thc::Status::kInvalidArgument,
+                "thc_comm_t is in use by a call on another thread (a communicator takes one call at a time, "
+                "in the same order on every rank, like an MPI communicator)");
+    struct Release {
+      std::atomic<bool>* flag;
+      ~Release() {
+        if (flag) flag->store(false);
+      }
+    } comm_busy{&comm->busy}, state_busy{nullptr};
+    if (state) {
+      if (state->busy.exchange(true))
+        thc::fail(thc::Status::kInvalidArgument, "the error-feedback state is in use by a call on another thread");
+      state_busy.flag = &state->busy;
+    }
+    struct CopyStats {
+      thc_comm_t c;
+      ~CopyStats() {
+        std::lock_guard<std::mutex> lk(c->stats_mu);
+        c->stats = c->engine->stats();
+      }
+    } copy_stats{comm};
     comm->engine->allreduce(static_cast<thc::codec::Scheme>(scheme), sendbuf, recvbuf, count,
                             thc::capi::to_dtype(dtype), op == THC_OP_AVG, state ? &state->ef : nullptr);
   });
@@ -205,7 +221,8 @@ thc_status_t cnat_allreduce(const void* sendbuf, void* recvbuf, size_t count, th
 thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats) {
   return guard("thc_comm_stats", [&] {
     if (!comm || !stats) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
-    const auto& s = comm->engine->stats();
+    std::lock_guard<std::mutex> lk(comm->stats_mu);
+    const auto& s = comm->stats;
     stats->calls = s.calls;
     stats->elements = s.elements;
     stats->wire_bytes_up = s.wire_bytes_up;

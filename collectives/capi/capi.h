@@ -1,17 +1,27 @@
 // The C API's objects and the one place where C++ exceptions become thc_status_t.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "collectives/engine/engine.h"
 #include "thc/thc.h"
 
+// A communicator takes one call at a time (thc.h): `busy` turns a second thread's concurrent
+// call into an error instead of a data race; statistics are read from a copy taken after each
+// call, so thc_comm_stats may run on any thread at any time.
 struct thc_comm_s {
+  explicit thc_comm_s(std::unique_ptr<thc::engine::Engine> e) : engine(std::move(e)) {}
   std::unique_ptr<thc::engine::Engine> engine;
+  std::atomic<bool> busy{false};
+  std::mutex stats_mu;
+  thc::engine::EngineStats stats;
 };
 struct thc_state_s {
   thc::engine::ErrorFeedback ef;
+  std::atomic<bool> busy{false};
 };
 
 namespace thc::capi {

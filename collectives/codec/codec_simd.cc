@@ -234,10 +234,12 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   const auto venc = hn::Set(d, enc);
   const auto t = hn::Set(d, tb.t), negt = hn::Set(d, -tb.t);
   const auto g2t = hn::Set(d, tb.g_over_2t), gf = hn::Set(d, tb.gf);
-  // v = thc_grid(work * enc): y clamped to [-t, t] (Min/Max with the bound first pass NaN on,
-  // as the scalar ?:), then v = (y + t) * g/(2t) >= +0 (y >= -t), clamped to g.
+  // v = thc_grid(work * enc): NaN taken as 0 (a mask, not Min/Max, whose NaN rules differ
+  // between targets), y clamped to [-t, t], then v = (y + t) * g/(2t) >= +0 (y >= -t), clamped
+  // to g.
   auto grid = [&](uint64_t i) {
     auto y = hn::Mul(hn::LoadU(d, work + i), venc);
+    y = hn::IfThenElseZero(hn::Eq(y, y), y);
     y = hn::Max(negt, hn::Min(t, y));
     return hn::Min(gf, hn::Mul(hn::Add(y, t), g2t));
   };
@@ -360,7 +362,7 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
     auto r = hn::Mul(hn::Mul(hn::Mul(hn::Abs(a), v1), v2), venc);
-    r = hn::Min(rmax, r);  // r > rmax ? rmax : r (NaN stays NaN)
+    r = hn::IfThenElseZero(hn::Ge(r, zero), hn::Min(rmax, r));  // NaN -> 0, as nat_round
     const auto u = hn::BitCast(di, hn::ShiftRight<8>(rd));
     const auto rb = hn::BitCast(di, r);
     const auto ex8 = hn::ShiftRight<23>(rb);  // r >= 0: the biased exponent

@@ -53,9 +53,11 @@ struct ThcCell {
 };
 
 // Position of a normalised coordinate y (≈ N(0,1)) on the grid [0, g]: clamp to ±t, then
-// v = (y + t) * g / (2t). NaN never reaches here (the prelude rejects non-finite input).
+// v = (y + t) * g / (2t). The prelude rejects non-finite input, but a rank whose prelude did
+// not count (a straggler under partial aggregation) can still encode its NaN: it is taken as 0,
+// an unbiased zero contribution, so no NaN reaches the integer conversion in thc_round.
 THC_HD float thc_grid(float y, float t, float g_over_2t, float g) {
-  y = y < -t ? -t : (y > t ? t : y);
+  y = y < -t ? -t : (y > t ? t : (y == y ? y : 0.0f));
   float v = (y + t) * g_over_2t;
   return v < 0.f ? 0.f : (v > g ? g : v);
 }
@@ -81,9 +83,10 @@ THC_HD float thc_decode_sum(float s, float count_half_g, float step) { return (s
 // integer value ±2^(j-1). Between 0 and 1 (below the window) rounding is linear: 0 or 1.
 // In [2^e, 2^(e+1)) the probability of going up is the mantissa fraction (r - 2^e) / 2^e,
 // read straight from the float's bits, as in the paper.
+// A NaN ratio (see thc_grid) rounds to level 0.
 THC_HD void nat_round(float r, bool neg, float u, int levels, int bits, uint8_t* code, int32_t* val) {
   const float rmax = pow2f(levels - 1);
-  r = r > rmax ? rmax : r;
+  r = r > rmax ? rmax : (r >= 0.0f ? r : 0.0f);
   int level;
   if (r >= 1.0f) {
     const uint32_t b = float_bits(r);

@@ -2,8 +2,10 @@
 #include "collectives/engine/knobs.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <random>
 #include <string>
 
@@ -56,6 +58,28 @@ class NatRecompress final : public transport::DownstreamCodec {
   codec::IntType type_;
   codec::CallRng rng_;
 };
+
+// Re-compression rounds a shard sum |S| <= n * 2^(L-1) up to at most the next power of two,
+// which the sum type must hold. THC_NAT_LEVELS=0 reserves that headroom (codec_for); explicit
+// levels that leave none are refused rather than wrapped.
+void require_recompress_headroom(const codec::Codec& c, int n) {
+  const int64_t cap = codec::int_max(c.sum_type());
+  auto rounded_top = [n](int levels) {  // the largest shard sum, rounded up to a power of two
+    int64_t up = 1;
+    while (up < (int64_t{n} << (levels - 1))) up <<= 1;
+    return up;
+  };
+  if (rounded_top(c.levels()) <= cap) return;
+  int ok = c.levels();
+  while (ok > 1 && rounded_top(ok) > cap) --ok;
+  const int64_t top = int64_t{n} << (c.levels() - 1), up = rounded_top(c.levels());
+  fail(Status::kOverflow, "THC_BIDIR: " + std::to_string(n) + " workers with " + std::to_string(c.levels()) +
+                              " levels make shard sums up to " + std::to_string(top) +
+                              ", which re-compression rounds up to " + std::to_string(up) + ", beyond the " +
+                              std::to_string(codec::int_size(c.sum_type()) * 8) +
+                              "-bit sums; use at most " + std::to_string(ok) +
+                              " levels (THC_NAT_LEVELS=0 picks them), a wider THC_NAT_WIDTH, or THC_BIDIR=0");
+}
 
 }  // namespace
 
@@ -132,6 +156,8 @@ Algo Engine::choose_algo(const codec::Codec& c) const {
 }
 
 CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean) {
+  // The counter advances before anything can fail, so every rank counts every call alike.
+  const uint32_t round = round_++;
   CallPlan p;
   p.scheme = scheme;
   p.cod = &codec_for(scheme);
@@ -140,46 +166,114 @@ CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool me
   p.dtype = dtype;
   p.mean = mean;
   p.algo = choose_algo(*p.cod);
-  p.rng = codec::CallRng{seed_, static_cast<uint32_t>(rank()), round_++};
+  p.rng = codec::CallRng{seed_, static_cast<uint32_t>(rank()), round};
+  p.round_by_max = reducer_->partial_results();
   p.table.bits = p.cod->index_bits();
   p.table.values = p.cod->table();
-  if (p.algo == Algo::kPs && !p.cod->rotates() && cfg_.bidir && reducer_->applies_downstream())
+  if (p.algo == Algo::kPs && !p.cod->rotates() && cfg_.bidir && reducer_->applies_downstream()) {
+    require_recompress_headroom(*p.cod, size());
     p.down = std::make_unique<NatRecompress>(p.cod->sum_type(), p.rng);
-  uint64_t h = p.cod->digest();
-  h = mix(h, count);
-  h = mix(h, mean ? 1 : 0);
-  p.digest = h;
+  }
   p.chunk_blocks = std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / p.lay.block);
+  uint64_t h = 0;
+  for (const PreludeField& f : prelude_fields(p)) h = mix(h, f.value);
+  p.digest = h;
   return p;
+}
+
+namespace {
+
+// The first exchange of every call has this fixed size whatever the count, so ranks that
+// disagree on the count (hence on how many block statistics follow) still meet in the same
+// collective and all learn of it. 256 u32 words: one DATA_MAX packet of the aggregator protocol.
+constexpr size_t kHeaderWords = 256;
+constexpr size_t kWordStatus = 0;     // MAX of the status of ranks that failed before exchanging
+constexpr size_t kWordFailed = 1;     // bitmap (rank mod 32) of those ranks
+constexpr size_t kWordNonFinite = 2;  // bitmap (rank mod 32) of ranks with NaN/Inf input
+constexpr size_t kWordRound = 3;      // MAX of the call rounds (aggregator jobs, see below)
+constexpr size_t kWordFields = 4;     // then each field as (v, ~v), 2 + 2 words: under MAX the
+                                      // pair stays complementary only if every rank has the same v
+constexpr size_t kFieldWords = 4;
+constexpr size_t kInlineStats = kHeaderWords - kWordFields - Engine::kPreludeFields * kFieldWords;
+static_assert(kInlineStats >= 64, "the header keeps room for the statistics of small calls");
+
+void put_field(uint32_t* w, uint64_t v) {
+  w[0] = static_cast<uint32_t>(v);
+  w[1] = static_cast<uint32_t>(v >> 32);
+  w[2] = ~w[0];
+  w[3] = ~w[1];
+}
+bool field_agrees(const uint32_t* w) { return w[0] == ~w[2] && w[1] == ~w[3]; }
+
+std::string rank_bitmap(uint32_t bits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", bits);
+  return buf;
+}
+
+}  // namespace
+
+std::array<Engine::PreludeField, Engine::kPreludeFields> Engine::prelude_fields(const CallPlan& p) {
+  return {{
+      {"the codec (scheme, THC_BITS/GRANULARITY/P/UNIFORM, THC_BLOCK, THC_NAT_*, THC_DNAT_NORM)", p.cod->digest()},
+      {"the count", p.count},
+      {"the op (SUM or AVG)", p.mean ? 1u : 0u},
+      {"the chunking (THC_CHUNK_BYTES, in blocks per chunk)", p.chunk_blocks},
+      {"the algorithm (THC_ALGO)", p.algo == Algo::kPs ? 1u : 0u},
+      {"downstream re-compression (THC_BIDIR)", p.down ? 1u : 0u},
+      // On an aggregator job with partial aggregation a rank that rejoined after being left behind
+      // has made fewer calls: there the ranks take the newest round instead (kWordRound).
+      {"the call sequence (a rank skipped or added a call)", p.round_by_max ? 0u : p.rng.round},
+  }};
 }
 
 uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
   const uint64_t nb = plan.lay.nblocks;
-  const uint64_t h = plan.digest;
-  pre[nb] = finite ? 0u : (1u << (rank() % 32));
-  pre[nb + 1] = static_cast<uint32_t>(h);
-  pre[nb + 2] = static_cast<uint32_t>(h >> 32);
-  pre[nb + 3] = ~static_cast<uint32_t>(h);
-  pre[nb + 4] = ~static_cast<uint32_t>(h >> 32);
-  // One more word: the call round. Ranks agree on the newest (MAX): a rank that rejoined an
-  // aggregator job after partial aggregation left it behind has made fewer calls, and the round
-  // seeds the shared RHT signs, which every rank of a call must share.
-  std::vector<uint32_t> buf(pre, pre + nb + kPreludeCheck);
-  buf.push_back(plan.rng.round);
-  reducer_->max_u32(buf.data(), buf.size());
-  std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(nb + kPreludeCheck), pre);
-  const uint32_t round = buf.back();
-  round_ = round + 1;
-  if (pre[nb + 1] != ~pre[nb + 3] || pre[nb + 2] != ~pre[nb + 4])
-    fail(Status::kConfigMismatch, std::string("ranks disagree on the collective (scheme, table, block, width, count or op); "
-                                              "this rank: ") + plan.cod->describe() + " count=" + std::to_string(plan.count));
-  if (pre[nb] != 0) {
-    char b[64];
-    std::snprintf(b, sizeof b, "0x%08x", pre[nb]);
-    fail(Status::kNonFinite, std::string("input contains NaN or Inf (ranks mod 32 bitmap ") + b +
-                                 "); nothing was reduced");
+  const auto fields = prelude_fields(plan);
+  std::array<uint32_t, kHeaderWords> hdr{};
+  hdr[kWordNonFinite] = finite ? 0u : (1u << (rank() % 32));
+  hdr[kWordRound] = plan.rng.round;
+  for (size_t i = 0; i < fields.size(); ++i) put_field(&hdr[kWordFields + i * kFieldWords], fields[i].value);
+  const uint64_t inl = std::min<uint64_t>(nb, kInlineStats);
+  uint32_t* const hstats = hdr.data() + (kHeaderWords - kInlineStats);
+  std::memcpy(hstats, pre, inl * 4);
+  reducer_->max_u32(hdr.data(), kHeaderWords);
+  if (hdr[kWordStatus] != 0)
+    fail(static_cast<Status>(hdr[kWordStatus]),
+         "rank(s) " + rank_bitmap(hdr[kWordFailed]) + " (bitmap of ranks mod 32) failed this call before exchanging (" +
+             status_text(static_cast<Status>(hdr[kWordStatus])) +
+             "; their own error message says why); nothing was reduced");
+  std::string bad;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (field_agrees(&hdr[kWordFields + i * kFieldWords])) continue;
+    bad += std::string(bad.empty() ? "" : ", ") + fields[i].what;
+    if (i != 0) bad += " (this rank: " + std::to_string(fields[i].value) + ")";
   }
+  if (!bad.empty())
+    fail(Status::kConfigMismatch, "ranks disagree on " + bad + "; this rank: " + plan.cod->describe() +
+                                      " count=" + std::to_string(plan.count) + "; nothing was reduced");
+  if (hdr[kWordNonFinite] != 0)
+    fail(Status::kNonFinite, "input contains NaN or Inf (ranks mod 32 bitmap " + rank_bitmap(hdr[kWordNonFinite]) +
+                                 "); nothing was reduced");
+  // The round seeds the shared RHT signs, which every rank of a call must share: a rank that
+  // rejoined an aggregator job takes the job's (the newest).
+  const uint32_t round = plan.round_by_max ? hdr[kWordRound] : plan.rng.round;
+  round_ = round + 1;
+  // Every rank has the same count now: the remaining statistics, sized by it, are safe to combine.
+  std::memcpy(pre, hstats, inl * 4);
+  if (nb > inl) reducer_->max_u32(pre + inl, nb - inl);
   return round;
+}
+
+void Engine::abort_prelude(Status why) {
+  std::array<uint32_t, kHeaderWords> hdr{};
+  hdr[kWordStatus] = static_cast<uint32_t>(why == Status::kSuccess ? Status::kInternal : why);
+  hdr[kWordFailed] = 1u << (rank() % 32);
+  try {
+    reducer_->max_u32(hdr.data(), kHeaderWords);
+  } catch (const Error&) {
+    // The caller reports its own, first error; a broken backend cannot tell the peers anyway.
+  }
 }
 
 void Engine::account(const CallPlan& plan, uint64_t wire_total) {
@@ -212,43 +306,62 @@ void Engine::account(const CallPlan& plan, uint64_t wire_total) {
 void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count,
                        DType dtype, bool mean, ErrorFeedback* ef) {
   if (count == 0) return;
-  if (!recv) fail(Status::kInvalidArgument, "allreduce: recvbuf is NULL");
-  if (!send || send == THC_IN_PLACE) send = recv;
-
-  // Device buffers: the registered backend (libthc_cuda, or an emulator in tests) decides; a
-  // process without one is asked through its CUDA driver, and libthc_cuda is loaded on demand.
-  DeviceBackend* dev = device_backend(false);
-  bool on_device;
-  if (dev) {
-    on_device = dev->is_device(recv);
-    if (dev->is_device(send) != on_device)
-      fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
-  } else {
-    on_device = driver_says_device(recv) || driver_says_device(send);
-    if (on_device) {
-      dev = device_backend(true);
-      if (!dev)
-        fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded: " +
-                                       device_backend_load_error());
-      if (dev->is_device(send) != dev->is_device(recv))
+  // What can fail before the first exchange fails on this rank alone; the peers would wait in
+  // that exchange. A rank that fails here still takes part in it (abort_prelude) so every rank
+  // fails the call, and the call still counts (the counter is part of what must agree).
+  const uint32_t round0 = round_;
+  CallPlan p;
+  bool on_device = false;
+  DeviceBackend* dev = nullptr;
+  try {
+    if (!recv) fail(Status::kInvalidArgument, "allreduce: recvbuf is NULL");
+    if (!send || send == THC_IN_PLACE) send = recv;
+    // Device buffers: the registered backend (libthc_cuda, or an emulator in tests) decides; a
+    // process without one is asked through its CUDA driver, and libthc_cuda is loaded on demand.
+    dev = device_backend(false);
+    if (dev) {
+      on_device = dev->is_device(recv);
+      if (dev->is_device(send) != on_device)
         fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
+    } else {
+      on_device = driver_says_device(recv) || driver_says_device(send);
+      if (on_device) {
+        dev = device_backend(true);
+        if (!dev)
+          fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded: " +
+                                         device_backend_load_error());
+        if (dev->is_device(send) != dev->is_device(recv))
+          fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
+      }
     }
+    if (ef && ef->count != 0) {
+      if (ef->count != count)
+        fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +
+                                           ", used with count " + std::to_string(count));
+      if ((ef->device != nullptr) != on_device)
+        fail(Status::kInvalidArgument, std::string("error-feedback state was bound to ") +
+                                           (ef->device ? "device" : "host") + " buffers, used with " +
+                                           (on_device ? "device" : "host") + " buffers");
+    }
+    if (on_device && dtype == DType::kF64)
+      fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
+    p = plan(scheme, count, dtype, mean);
+    if (on_device && !device_) device_ = dev->open();
+  } catch (...) {
+    round_ = round0 + 1;
+    Status why = Status::kInternal;
+    try {
+      throw;
+    } catch (const Error& e) {
+      why = e.status();
+    } catch (const std::bad_alloc&) {
+      why = Status::kOutOfMemory;
+    } catch (...) {
+    }
+    abort_prelude(why);
+    throw;
   }
-  if (ef && ef->count != 0) {
-    if (ef->count != count)
-      fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +
-                                         ", used with count " + std::to_string(count));
-    if ((ef->device != nullptr) != on_device)
-      fail(Status::kInvalidArgument, std::string("error-feedback state was bound to ") +
-                                         (ef->device ? "device" : "host") + " buffers, used with " +
-                                         (on_device ? "device" : "host") + " buffers");
-  }
-  if (on_device && dtype == DType::kF64)
-    fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
-
-  const CallPlan p = plan(scheme, count, dtype, mean);
   if (on_device) {
-    if (!device_) device_ = dev->open();
     device_->allreduce(*this, p, send, recv, ef);
   } else {
     allreduce_host(p, send, recv, ef);

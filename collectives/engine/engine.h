@@ -2,6 +2,7 @@
 // blocks) where encoding chunk k+1 overlaps the aggregation of chunk k, then decode.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -46,8 +47,9 @@ struct CallPlan {
   codec::CallRng rng;
   transport::LookupTable table;                        // index form
   std::unique_ptr<transport::DownstreamCodec> down;    // index form + THC_BIDIR (nat schemes)
-  uint64_t digest = 0;                                  // scheme, table, count, op
+  uint64_t digest = 0;                                  // hash of everything that must agree
   uint64_t chunk_blocks = 1;                            // pipelining unit
+  bool round_by_max = false;  // ranks agree on the newest call round (aggregator jobs with stragglers)
 };
 
 // A block range of a chunk whose sums share one contributor set (a backend that splits an
@@ -90,12 +92,25 @@ class Engine {
   // The parts of allreduce the device path shares (device.h).
   // A call's plan; advances the call counter that freshens the randomness.
   CallPlan plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean);
-  // pre: plan.lay.nblocks statistics (float bits) followed by kPreludeCheck words that this
-  // fills; one MAX over all ranks, then the checks (throws kConfigMismatch / kNonFinite). After
-  // it, pre[0..nblocks) holds the global statistics.
+  // What every rank's plan must agree on (checked by exchange_prelude, each named on mismatch).
+  struct PreludeField {
+    const char* what;
+    uint64_t value;
+  };
+  static constexpr size_t kPreludeFields = 7;
+  static std::array<PreludeField, kPreludeFields> prelude_fields(const CallPlan& plan);
+  // pre: plan.lay.nblocks statistics (float bits) followed by kPreludeCheck words (room the
+  // device prelude fills; ignored here). First a fixed-size MAX whatever the count: failures of
+  // other ranks, the agreement fields, the non-finite flags and the first statistics; only when
+  // every rank agrees, the remaining statistics. Throws the status of a rank that failed before
+  // exchanging (abort_prelude), kConfigMismatch, kNonFinite. After it, pre[0..nblocks) holds the
+  // global statistics.
   static constexpr int kPreludeCheck = 5;
-  // Returns the call round every rank uses (the newest of the ranks': see engine.cc).
+  // Returns the call round every rank uses (see engine.cc: on aggregator jobs the newest).
   uint32_t exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite);
+  // Instead of exchange_prelude on a rank whose call failed before it: takes part in the first,
+  // fixed-size exchange so that every rank fails the call with `why` instead of waiting.
+  void abort_prelude(Status why);
   // Statistics of a finished call that moved wire_total elements.
   void account(const CallPlan& plan, uint64_t wire_total);
 

@@ -6,7 +6,27 @@
  * Semantics follow MPI_Allreduce: every rank of a communicator calls the same collective in the
  * same order with the same count, datatype and op. THC_OP_SUM returns the estimated sum,
  * THC_OP_AVG the estimated mean. sendbuf == recvbuf (or THC_IN_PLACE) works in place; count 0
- * is a no-op. The result is identical on every rank.
+ * is a no-op without communication (so it must be 0 on every rank). The result is identical on
+ * every rank.
+ *
+ * Every call starts with one exchange of a fixed size, whatever the count, that checks what the
+ * ranks must agree on (the codec and its configuration, count, op, THC_CHUNK_BYTES, THC_ALGO,
+ * THC_BIDIR, and the number of calls made so far on the communicator) and looks for NaN/Inf in
+ * the input. A disagreement is THC_ERR_CONFIG_MISMATCH on every rank, NaN/Inf is
+ * THC_ERR_NONFINITE on every rank, and a rank whose call fails before that exchange (a bad
+ * argument, a configuration that overflows) still takes part in it, so every rank fails the call
+ * with that rank's status. After these errors nothing was reduced, recvbuf is untouched and the
+ * communicator stays usable. A peer that does not answer within THC_TIMEOUT_MS is
+ * THC_ERR_TIMEOUT; on an MPI communicator that communicator is then unusable (see thc_mpi.h).
+ *
+ * Threads: any function may be called from any thread. A thc_comm_t takes one call at a time,
+ * like an MPI communicator (whose collectives must come in the same order on every rank anyway):
+ * a call made while another thread's call on the same communicator is running fails with
+ * THC_ERR_INVALID_ARG instead of racing it, and so does a call with a thc_state_t in use. Calls
+ * on different communicators may run concurrently (MPI communicators then need
+ * MPI_THREAD_MULTIPLE). thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
+ * thc_comm_destroy and thc_state_destroy must not overlap a call on the same object.
+ * thc_last_error is per thread.
  */
 #ifndef THC_THC_H_
 #define THC_THC_H_

@@ -11,6 +11,14 @@
  * MPI, so no CUDA-aware MPI is needed. As with a CUDA-aware MPI, work on other streams that
  * writes sendbuf must be complete before the call; the call returns with recvbuf written.
  * Ranks may mix host and device buffers in one call.
+ *
+ * Waits: every MPI wait of thc (communicator creation included) gives up after THC_TIMEOUT_MS
+ * (<= 0: no bound, as in MPI) with THC_ERR_TIMEOUT. MPI can neither cancel nor free a started
+ * collective: the timed-out operation stays posted, the communicator refuses later calls
+ * (THC_ERR_TRANSPORT) and never frees its duplicated MPI communicators (a reused context id
+ * would receive the abandoned operation's messages), and if the missing rank joins it later MPI
+ * may still write that call's buffers. End the job (MPI_Abort) after a timeout. A timeout in
+ * thc_comm_create_mpi leaves a duplication posted on comm itself: comm is out of step too.
  */
 #ifndef THC_THC_MPI_H_
 #define THC_THC_MPI_H_
@@ -26,18 +34,26 @@ extern "C" {
 /* Collective over comm. cfg may be NULL (defaults + environment). */
 thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_comm_t* out);
 
-/* A user op meaning "average" (MPI has no MPI_AVG); valid after MPI_Init, created on first use. */
+/* A user op meaning "average" (MPI has no MPI_AVG); valid after MPI_Init, created on first use.
+ * An op for THC_Allreduce / CNAT_Allreduce / THC_Allreduce_x on float, double, half and bfloat16;
+ * integer types are refused (MPI_ERR_OP). Handed to MPI_Allreduce itself it only sums. */
 MPI_Op THC_MPI_AVG(void);
 /* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). */
 MPI_Datatype THC_MPI_FLOAT16(void);
 MPI_Datatype THC_MPI_BFLOAT16(void);
 
-/* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER with thc_last_error() set). */
+/* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER / MPI_ERR_OP / MPI_ERR_COUNT with
+ * thc_last_error() set) without calling the communicator's error handler; the PMPI interposer
+ * (libthc_mpi.so), which stands in for MPI_Allreduce, does call it. */
 int THC_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm);
 int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm);
 /* Any scheme, with an explicit error-feedback state (may be NULL) and 64-bit count. */
 int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
                     MPI_Op op, MPI_Comm comm, thc_state_t state);
+
+/* The thc communicator cached on comm, created collectively on first use (as THC_Allreduce does)
+ * and destroyed with comm: for thc_allreduce_scheme's status codes on an MPI communicator. */
+thc_status_t THC_Comm_get(MPI_Comm comm, thc_comm_t* comm_out);
 
 /* Statistics of the thc state cached on comm (THC_ERR_INVALID_ARG if thc never ran on it). */
 thc_status_t THC_Comm_stats(MPI_Comm comm, thc_stats_t* stats);

@@ -78,6 +78,23 @@ int g_rank = 0, g_size = 1;
   std::exit(2);
 }
 
+const char* status_name(thc_status_t st) {
+  switch (st) {
+    case THC_SUCCESS: return "THC_SUCCESS";
+    case THC_ERR_INVALID_ARG: return "THC_ERR_INVALID_ARG";
+    case THC_ERR_NONFINITE: return "THC_ERR_NONFINITE";
+    case THC_ERR_CONFIG_MISMATCH: return "THC_ERR_CONFIG_MISMATCH";
+    case THC_ERR_OVERFLOW: return "THC_ERR_OVERFLOW";
+    case THC_ERR_TRANSPORT: return "THC_ERR_TRANSPORT";
+    case THC_ERR_TIMEOUT: return "THC_ERR_TIMEOUT";
+    case THC_ERR_UNSUPPORTED: return "THC_ERR_UNSUPPORTED";
+    case THC_ERR_NO_MEMORY: return "THC_ERR_NO_MEMORY";
+    case THC_ERR_INTERNAL: return "THC_ERR_INTERNAL";
+    default: break;
+  }
+  return "unknown status";
+}
+
 // A runtime failure (possibly on one rank only): abort the job.
 [[noreturn]] void die(const std::string& msg) {
   std::fprintf(stderr, "thc_allreduce_perf[%d]: %s\n", g_rank, msg.c_str());
@@ -508,9 +525,11 @@ int main(int argc, char** argv) {
         if (avg)
           for (size_t i = 0; i < count; ++i) store(r, ti.thc, i, load(r, ti.thc, i) / g_size);
         if (o.device) copy(drecv, r, bytes, true);
-      } else if (thc_allreduce_scheme(scheme, o.device ? dsend : send.data(), o.device ? drecv : recv.data(), count,
-                                      ti.thc, top, tc, state) != THC_SUCCESS) {
-        die(std::string("thc_allreduce_scheme: ") + thc_last_error());
+      } else if (const thc_status_t st = thc_allreduce_scheme(scheme, o.device ? dsend : send.data(),
+                                                              o.device ? drecv : recv.data(), count, ti.thc, top, tc,
+                                                              state);
+                 st != THC_SUCCESS) {
+        die(std::string("thc_allreduce_scheme returned ") + status_name(st) + ": " + thc_last_error());
       }
     };
     auto finish = [&]() {

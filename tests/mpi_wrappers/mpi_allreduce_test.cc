@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "collectives/engine/dtype.h"
+#include "transport/mpi/mpi_reducer.h"
 #include "thc/thc_mpi.h"
 
 namespace {
@@ -213,6 +216,194 @@ TEST(MpiAllreduce, MismatchedConfigurationFailsOnEveryRank) {
   EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_CONFIG_MISMATCH)
       << thc_last_error();
   thc_comm_destroy(comm);
+}
+
+// Each disagreement that changes what the ranks exchange after the first exchange (chunk count,
+// block count, algorithm, downstream re-compression) must be caught in that fixed-size first
+// exchange: THC_ERR_CONFIG_MISMATCH on every rank, nothing sent that depends on the sizes, and
+// the communicator still usable.
+TEST(MpiAllreduce, MismatchesAreCaughtBeforeSizeDependentExchanges) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  struct Variant {
+    const char* name;
+    const char* field;  // what the message names
+    std::function<void(thc_config_t&)> cfg;
+    thc_scheme_t scheme;
+    size_t count;
+  };
+  const std::vector<Variant> variants = {
+      {"chunk", "chunking", [](thc_config_t& c) { c.chunk_bytes = 4 * 4096 * 7; }, THC_SCHEME_THC, 50000},
+      {"algo", "algorithm", [](thc_config_t& c) { c.algo = THC_ALGO_PS; }, THC_SCHEME_THC, 50000},
+      {"bidir", "re-compression", [](thc_config_t& c) { c.bidir = 1; }, THC_SCHEME_CNAT, 50000},
+      {"count", "count", [](thc_config_t&) {}, THC_SCHEME_THC, 0},
+  };
+  for (const Variant& v : variants) {
+    thc_config_t c = cfg_with(v.name == std::string("bidir") ? THC_ALGO_PS : THC_ALGO_INT);
+    if (rank() == 1) v.cfg(c);
+    thc_comm_t comm;
+    ASSERT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+    // count variant: rank 1 has 13 blocks of 4096, the others 2
+    const size_t count = v.count ? v.count : (rank() == 1 ? 50000 : 5000);
+    auto x = gaussian(count, 70 + rank());
+    std::vector<float> out(count, 5.0f);
+    EXPECT_EQ(thc_allreduce_scheme(v.scheme, x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr),
+              THC_ERR_CONFIG_MISMATCH)
+        << v.name << ": " << thc_last_error();
+    EXPECT_NE(std::string(thc_last_error()).find(v.field), std::string::npos) << v.name << ": " << thc_last_error();
+    EXPECT_EQ(out, std::vector<float>(count, 5.0f)) << v.name << ": the output must be untouched";
+    if (v.count == 0) {
+      // The same communicator with matching counts: the failed call left nothing behind.
+      std::vector<float> y(5000);
+      auto x2 = gaussian(5000, 80 + rank());
+      EXPECT_EQ(thc_allreduce(x2.data(), y.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+          << thc_last_error();
+      EXPECT_LT(nmse(y, exact_sum(x2)), 0.1);
+    }
+    thc_comm_destroy(comm);
+  }
+}
+
+// A rank whose call fails before the first exchange (a bad argument, a configuration of its own
+// that overflows) still takes part in it: every rank fails with that status, none waits.
+TEST(MpiAllreduce, FailureOfOneRankBeforeTheExchangeFailsEveryRank) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  {
+    thc_config_t c = cfg_with(THC_ALGO_INT);
+    if (rank() == 1) c.nat_levels = 15;  // too many for 16-bit sums of >= 2 workers
+    thc_comm_t comm;
+    ASSERT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+    auto x = gaussian(5000, rank());
+    std::vector<float> out(5000);
+    EXPECT_EQ(cnat_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_OVERFLOW)
+        << thc_last_error();
+    // THC itself is fine on every rank: the communicator goes on.
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << thc_last_error();
+    thc_comm_destroy(comm);
+  }
+  {
+    thc_config_t c = cfg_with(THC_ALGO_INT);
+    thc_comm_t comm;
+    ASSERT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+    thc_state_t ef;
+    thc_state_create(&ef);
+    auto x = gaussian(6000, rank());
+    std::vector<float> out(6000);
+    // rank 0's state gets bound to 6000 elements, then used with 5000: its own error
+    if (rank() == 0)
+      ASSERT_EQ(thc_allreduce(x.data(), out.data(), 6000, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS);
+    else
+      ASSERT_EQ(thc_allreduce(x.data(), out.data(), 6000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS);
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, rank() == 0 ? ef : nullptr),
+              THC_ERR_INVALID_ARG)
+        << thc_last_error();
+    thc_state_destroy(ef);
+    thc_comm_destroy(comm);
+  }
+}
+
+// THC_BIDIR re-compresses a shard sum |S| <= n 2^(L-1) to a power of two at most twice as large:
+// explicit levels that leave no room for it are refused (THC_ERR_OVERFLOW), never wrapped.
+TEST(MpiAllreduce, BidirWithExplicitLevelsOverflowsOrIsExact) {
+  const int n = world();
+  int levels = 1;  // the most 16-bit sums allow without re-compression: n 2^(L-1) <= 32767
+  while ((int64_t{n} << levels) <= 32767) ++levels;
+  int64_t up = 1;
+  while (up < (int64_t{n} << (levels - 1))) up <<= 1;
+  const bool fits = up <= 32767;
+  thc_config_t c = cfg_with(THC_ALGO_PS);
+  c.bidir = 1;
+  c.nat_width = 16;
+  c.nat_levels = levels;
+  thc_comm_t comm;
+  ASSERT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+  // Every element at its block's maximum on every rank: the sums reach n 2^(L-1).
+  std::vector<float> x(20000, 1.0f);
+  std::vector<float> out(20000);
+  const thc_status_t st = cnat_allreduce(x.data(), out.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  if (fits) {
+    ASSERT_EQ(st, THC_SUCCESS) << thc_last_error();
+    for (float v : out) ASSERT_EQ(v, static_cast<float>(n));  // powers of two stay exact
+  } else {
+    EXPECT_EQ(st, THC_ERR_OVERFLOW) << "levels " << levels << ": " << thc_last_error();
+  }
+  thc_comm_destroy(comm);
+}
+
+// MPI waits are bounded by THC_TIMEOUT_MS: a peer that never calls makes the caller fail with
+// THC_ERR_TIMEOUT, not wait forever; the communicator then refuses further calls.
+// Its own ctest entry (mpi_timeout_*): MPI cannot cancel the abandoned collectives, and their
+// messages could reach communicators that later tests create.
+TEST(MpiAllreduce, PeerThatNeverCallsGivesTimeout) {
+  if (!std::getenv("THC_TEST_MPI_TIMEOUT")) GTEST_SKIP() << "runs alone: set THC_TEST_MPI_TIMEOUT=1";
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  thc_config_t c = cfg_with(THC_ALGO_INT);
+  c.timeout_ms = 1500;
+  thc_comm_t comm;
+  ASSERT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+  if (rank() == 0) {
+    auto x = gaussian(5000, 1);
+    std::vector<float> out(5000);
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_TIMEOUT)
+        << thc_last_error();
+    EXPECT_NE(std::string(thc_last_error()).find("THC_TIMEOUT_MS"), std::string::npos) << thc_last_error();
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_TRANSPORT)
+        << thc_last_error();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  thc_comm_destroy(comm);
+
+  // Creation is collective too: a rank that never creates its communicator.
+  MPI_Comm parent;
+  MPI_Comm_dup(MPI_COMM_WORLD, &parent);
+  if (rank() == 0) {
+    thc_comm_t lone;
+    EXPECT_EQ(thc_comm_create_mpi(parent, &c, &lone), THC_ERR_TIMEOUT) << thc_last_error();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // parent is not freed: rank 0's abandoned duplication is still posted on it.
+
+  // A request dropped while its peers never come gives up within the bound (no hang).
+  auto red = thc::transport::make_mpi_reducer(MPI_COMM_WORLD, 1000);
+  if (rank() == 0) {
+    thc::transport::LookupTable table;
+    table.bits = 8;
+    for (int z = 0; z < 256; ++z) table.values.push_back(z);
+    std::vector<uint8_t> packed(4096, 1);
+    std::vector<uint32_t> sums(4096);
+    auto req = red->start_lookup_sum(packed.data(), 4096, table, sums.data(), thc::codec::IntType::kU32, nullptr);
+    req.reset();
+    EXPECT_THROW(red->start_sum(sums.data(), 4096, thc::codec::IntType::kU32), thc::Error);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A request dropped before completion (an error elsewhere in the engine's call) must still
+// play its part: the peers are waiting for its allgather.
+TEST(MpiTransport, PsRequestDroppedBeforeItsAllgatherCompletesForThePeers) {
+  auto red = thc::transport::make_mpi_reducer(MPI_COMM_WORLD, 60000);
+  thc::transport::LookupTable table;
+  table.bits = 4;
+  for (int z = 0; z < 16; ++z) table.values.push_back(z * 3);
+  const uint64_t count = 1000;
+  std::vector<uint8_t> packed(count / 2, static_cast<uint8_t>(0x55));  // index 5 everywhere
+  for (int round = 0; round < 2; ++round) {
+    std::vector<uint16_t> sums(count, 0);
+    auto req = red->start_lookup_sum(packed.data(), count, table, sums.data(), thc::codec::IntType::kU16, nullptr);
+    if (rank() == 0 && round == 0) {
+      req.reset();
+    } else {
+      req->wait();
+      for (uint16_t v : sums) ASSERT_EQ(v, 15 * world());
+    }
+  }
+}
+
+TEST(MpiAllreduce, AvgOnIntegerTypesIsRefused) {
+  std::vector<int> a(1000, 3), b(1000, -1);
+  EXPECT_EQ(THC_Allreduce(a.data(), b.data(), 1000, MPI_INT, THC_MPI_AVG(), MPI_COMM_WORLD), MPI_ERR_OP);
+  EXPECT_NE(std::string(thc_last_error()).find("THC_MPI_AVG"), std::string::npos) << thc_last_error();
+  EXPECT_EQ(b, std::vector<int>(1000, -1));
 }
 
 TEST(MpiAllreduce, OverflowProneConfigurationFails) {

@@ -1,5 +1,6 @@
 // GoogleTest main for tests run under mpirun: every rank runs every test; only rank 0 prints
-// progress, every rank prints failures.
+// progress, every rank prints failures. Exit status 77 when every test skipped (no device, too
+// few ranks): ctest's SKIP_RETURN_CODE then reports a skip, not a pass.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,6 +17,11 @@ int main(int argc, char** argv) {
   // Any rank's failure fails the run on every rank.
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const auto& u = *::testing::UnitTest::GetInstance();
+  const int all_skipped = u.test_to_run_count() > 0 && u.skipped_test_count() == u.test_to_run_count() ? 1 : 0;
+  int every = 0;
+  MPI_Allreduce(&all_skipped, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (worst == 0 && every) worst = 77;
   MPI_Finalize();
   return worst;
 }

@@ -1,8 +1,10 @@
 #include "transport/mpi/mpi_reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 namespace thc::transport {
@@ -38,21 +40,111 @@ int to_int(uint64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// MPI can neither cancel nor free a started collective: an operation given up on (timeout)
+// may still complete later, when its missing peer joins, and then writes its buffers. The
+// buffers this backend owns for such operations are parked here for the life of the process.
+void keep_forever(std::vector<uint8_t>&& buf) {
+  static std::mutex mu;
+  static auto* parked = new std::vector<std::vector<uint8_t>>();  // never freed, on purpose
+  if (buf.empty()) return;
+  std::lock_guard<std::mutex> lk(mu);
+  parked->push_back(std::move(buf));
+}
+
+using Clock = std::chrono::steady_clock;
+
+// What all operations of one communicator share: the wait bound, and whether an operation has
+// failed. After a failure the ranks no longer start the same collectives in the same order, so
+// the communicator refuses further operations instead of pairing them with the wrong ones.
+struct CommState {
+  long timeout_ms = 0;  // <= 0: wait without bound, as MPI itself does
+  bool broken = false;
+  std::string why;
+  uint64_t next_ps = 0;      // sequence number of the next PS request
+  uint64_t next_gather = 0;  // the PS request whose allgather must be posted next
+
+  void check_usable() const {
+    if (broken)
+      fail(Status::kTransport, "MPI backend: an earlier operation on this communicator failed (" + why +
+                                   "); MPI cannot cancel its collectives, so the ranks are out of step: "
+                                   "create a new communicator or end the job");
+  }
+  [[noreturn]] void fail_broken(Status s, const std::string& msg) {
+    if (!broken) {
+      broken = true;
+      why = msg;
+    }
+    fail(s, msg);
+  }
+  Clock::time_point deadline() const {
+    return timeout_ms > 0 ? Clock::now() + std::chrono::milliseconds(timeout_ms) : Clock::time_point::max();
+  }
+  // Progress req until it completes (true) or the deadline passes (throws kTimeout, leaving the
+  // request to MPI). An MPI error throws kTransport. Both mark the communicator broken.
+  void wait(MPI_Request* req, Clock::time_point until, const char* what) {
+    while (true) {
+      int flag = 0;
+      const int rc = PMPI_Test(req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "error %d", rc);
+        fail_broken(Status::kTransport, std::string("MPI backend: ") + what + " failed: " + msg);
+      }
+      if (flag) return;
+      if (Clock::now() >= until)
+        fail_broken(Status::kTimeout, std::string("MPI backend: ") + what + ": a peer did not take part within " +
+                                          std::to_string(timeout_ms) + " ms (THC_TIMEOUT_MS)");
+    }
+  }
+  // For destructors: a last look (no waiting) at a request of a broken communicator.
+  static bool done_now(MPI_Request* req) {
+    int flag = 0;
+    return *req == MPI_REQUEST_NULL || (PMPI_Test(req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag);
+  }
+};
+
+#define THC_CHECK_MPI_STATE(st, call)                                                               \
+  do {                                                                                             \
+    const int thc_mpi_rc_ = (call);                                                                \
+    if (thc_mpi_rc_ != MPI_SUCCESS) {                                                              \
+      (st).broken = true;                                                                          \
+      if ((st).why.empty()) (st).why = #call " failed";                                            \
+      ::thc::transport::mpi_fail(thc_mpi_rc_, #call, __FILE__, __LINE__);                          \
+    }                                                                                              \
+  } while (0)
+
 class MultiRequest final : public Request {
  public:
+  explicit MultiRequest(std::shared_ptr<CommState> st) : st_(std::move(st)) {}
   std::vector<MPI_Request> reqs;
   bool test() override {
     int flag = 0;
-    THC_CHECK_MPI(PMPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    THC_CHECK_MPI_STATE(*st_, PMPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
     return flag != 0;
   }
   void wait() override {
-    THC_CHECK_MPI(PMPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    const auto until = st_->deadline();
+    for (MPI_Request& r : reqs) st_->wait(&r, until, "integer sum (MPI_Iallreduce)");
   }
+  // Never leaves a collective half done on a healthy communicator (the peers would wait for
+  // it), and never waits past THC_TIMEOUT_MS; on a broken one it gives up at once.
   ~MultiRequest() override {
-    for (MPI_Request& r : reqs)
-      if (r != MPI_REQUEST_NULL) PMPI_Wait(&r, MPI_STATUS_IGNORE);
+    for (MPI_Request& r : reqs) {
+      if (r == MPI_REQUEST_NULL) continue;
+      if (st_->broken) {
+        CommState::done_now(&r);
+        continue;
+      }
+      try {
+        st_->wait(&r, st_->deadline(), "integer sum (MPI_Iallreduce), abandoned");
+      } catch (const Error&) {
+      }
+    }
   }
+
+ private:
+  std::shared_ptr<CommState> st_;
 };
 
 // Colocated parameter server, index form. Rank r owns shard r of the wire elements (shards are
@@ -64,13 +156,14 @@ class MultiRequest final : public Request {
 // Step 4 is started from test()/wait(), i.e. at a moment that depends on progress, so it runs on
 // its own communicator: MPI requires every rank to start collectives on a communicator in the
 // same order, and the engine keeps at most one request advancing at a time, so each
-// communicator sees its collectives in chunk order on every rank.
+// communicator sees its collectives in chunk order on every rank (CommState::next_gather
+// checks it).
 class PsRequest final : public Request {
  public:
-  PsRequest(MPI_Comm comm, MPI_Comm gather_comm, int rank, int n, const uint8_t* packed, uint64_t count, const LookupTable& table,
-            void* sums, IntType type, const DownstreamCodec* down)
-      : comm_(comm), gather_comm_(gather_comm), rank_(rank), n_(n), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
-        type_(type), down_(down) {
+  PsRequest(std::shared_ptr<CommState> st, MPI_Comm comm, MPI_Comm gather_comm, int rank, int n, const uint8_t* packed,
+            uint64_t count, const LookupTable& table, void* sums, IntType type, const DownstreamCodec* down)
+      : st_(std::move(st)), comm_(comm), gather_comm_(gather_comm), rank_(rank), n_(n), count_(count), table_(table),
+        sums_(static_cast<uint8_t*>(sums)), type_(type), down_(down) {
     const int b = table.bits;
     const uint64_t groups = (count + 7) / 8;  // 8-element groups
     off_.resize(n + 1);
@@ -88,33 +181,49 @@ class PsRequest final : public Request {
       rcount_[r] = to_int(my_bytes, "PS shard");
       rdisp_[r] = to_int(my_bytes * r, "PS receive displacement");
     }
-    THC_CHECK_MPI(PMPI_Ialltoallv(packed, scount.data(), sdisp.data(), MPI_BYTE, recv_.data(), rcount_.data(),
-                                  rdisp_.data(), MPI_BYTE, comm_, &req_));
+    THC_CHECK_MPI_STATE(*st_, PMPI_Ialltoallv(packed, scount.data(), sdisp.data(), MPI_BYTE, recv_.data(),
+                                              rcount_.data(), rdisp_.data(), MPI_BYTE, comm_, &req_));
+    seq_ = st_->next_ps++;
   }
 
   bool test() override {
     while (true) {
       if (stage_ == 2) return true;
       int flag = 0;
-      THC_CHECK_MPI(PMPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+      THC_CHECK_MPI_STATE(*st_, PMPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
       if (!flag) return false;
       advance();
     }
   }
   void wait() override {
+    const auto until = st_->deadline();
     while (stage_ < 2) {
-      THC_CHECK_MPI(PMPI_Wait(&req_, MPI_STATUS_IGNORE));
+      st_->wait(&req_, until, stage_ == 0 ? "parameter server (MPI_Ialltoallv)" : "parameter server (MPI_Iallgatherv)");
       advance();
     }
   }
+  // A request dropped before completion (an error elsewhere in the call) still plays its part:
+  // on a healthy communicator it finishes both collectives (the peers wait for them), within
+  // THC_TIMEOUT_MS; on a broken one it gives up at once. Buffers MPI may still write are parked.
   ~PsRequest() override {
-    if (req_ != MPI_REQUEST_NULL) PMPI_Wait(&req_, MPI_STATUS_IGNORE);
+    if (stage_ < 2 && !st_->broken) {
+      try {
+        wait();
+      } catch (const Error&) {
+      }
+    }
+    if (stage_ < 2 && !CommState::done_now(&req_)) {
+      keep_forever(std::move(recv_));
+      keep_forever(std::move(enc_));
+    }
   }
 
  private:
   void advance() {
     const size_t w = codec::int_size(type_);
     if (stage_ == 0) {
+      if (seq_ != st_->next_gather)
+        st_->fail_broken(Status::kInternal, "MPI backend: parameter-server requests completed out of order");
       const uint64_t first = off_[rank_], my = off_[rank_ + 1] - off_[rank_];
       uint8_t* mine = sums_ + first * w;
       std::memset(mine, 0, my * w);
@@ -143,8 +252,9 @@ class PsRequest final : public Request {
         }
         buf = sums_;
       }
-      THC_CHECK_MPI(PMPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), displs.data(), MPI_BYTE,
-                                     gather_comm_, &req_));
+      THC_CHECK_MPI_STATE(*st_, PMPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), displs.data(),
+                                                 MPI_BYTE, gather_comm_, &req_));
+      st_->next_gather++;
       stage_ = 1;
     } else if (stage_ == 1) {
       if (down_) {
@@ -155,6 +265,7 @@ class PsRequest final : public Request {
     }
   }
 
+  std::shared_ptr<CommState> st_;
   MPI_Comm comm_, gather_comm_;
   int rank_, n_;
   uint64_t count_;
@@ -167,18 +278,22 @@ class PsRequest final : public Request {
   std::vector<uint8_t> recv_, enc_;
   std::vector<int> enc_counts_, enc_displs_;
   MPI_Request req_ = MPI_REQUEST_NULL;
+  uint64_t seq_ = 0;
   int stage_ = 0;
 };
 
 class MpiReducer final : public Reducer {
  public:
-  explicit MpiReducer(MPI_Comm comm) {
+  MpiReducer(MPI_Comm comm, long timeout_ms) : st_(std::make_shared<CommState>()) {
+    st_->timeout_ms = timeout_ms;
     int inter = 0;
     THC_CHECK_MPI(PMPI_Comm_test_inter(comm, &inter));
     if (inter) fail(Status::kUnsupported, "MPI backend: intercommunicators are not supported");
-    THC_CHECK_MPI(PMPI_Comm_dup(comm, &comm_));
+    // Nonblocking duplicates, so that a rank that never creates its communicator makes the
+    // others fail within THC_TIMEOUT_MS instead of waiting forever.
+    comm_ = idup(comm);
     THC_CHECK_MPI(PMPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    THC_CHECK_MPI(PMPI_Comm_dup(comm, &gather_comm_));
+    gather_comm_ = idup(comm);
     THC_CHECK_MPI(PMPI_Comm_set_errhandler(gather_comm_, MPI_ERRORS_RETURN));
     THC_CHECK_MPI(PMPI_Comm_rank(comm_, &rank_));
     THC_CHECK_MPI(PMPI_Comm_size(comm_, &size_));
@@ -186,9 +301,12 @@ class MpiReducer final : public Reducer {
   ~MpiReducer() override {
     int finalized = 0;
     PMPI_Finalized(&finalized);
-    if (!finalized) {
-      PMPI_Comm_free(&comm_);
-      PMPI_Comm_free(&gather_comm_);
+    // A broken communicator keeps its duplicates: freed, their context ids would be reused by
+    // communicators created later, and the messages of the abandoned operations (sent, or still
+    // to come from a late peer) would be matched there.
+    if (!finalized && !st_->broken) {
+      if (comm_ != MPI_COMM_NULL) PMPI_Comm_free(&comm_);
+      if (gather_comm_ != MPI_COMM_NULL) PMPI_Comm_free(&gather_comm_);
     }
   }
   int rank() const override { return rank_; }
@@ -197,30 +315,64 @@ class MpiReducer final : public Reducer {
   bool applies_downstream() const override { return true; }
 
   void max_u32(uint32_t* data, size_t n) override {
+    st_->check_usable();
+    // MPI works on a buffer of its own: if a peer never comes, the operation is abandoned with
+    // it (keep_forever), not with the caller's memory.
+    std::vector<uint8_t> buf(n * 4 + 1);
+    std::memcpy(buf.data(), data, n * 4);
+    uint32_t* w = reinterpret_cast<uint32_t*>(buf.data());
+    const auto until = st_->deadline();
     for (uint64_t off = 0; off < n; off += kMaxPiece) {
       const int c = static_cast<int>(std::min<uint64_t>(kMaxPiece, n - off));
-      THC_CHECK_MPI(PMPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_UINT32_T, MPI_MAX, comm_));
+      MPI_Request req = MPI_REQUEST_NULL;
+      THC_CHECK_MPI_STATE(*st_, PMPI_Iallreduce(MPI_IN_PLACE, w + off, c, MPI_UINT32_T, MPI_MAX, comm_, &req));
+      try {
+        st_->wait(&req, until, "MAX of the prelude (MPI_Iallreduce)");
+      } catch (const Error&) {
+        keep_forever(std::move(buf));
+        throw;
+      }
     }
+    std::memcpy(data, w, n * 4);
   }
 
   std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) override {
-    auto r = std::make_unique<MultiRequest>();
+    st_->check_usable();
+    auto r = std::make_unique<MultiRequest>(st_);
     const size_t w = codec::int_size(type);
     for (uint64_t off = 0; off < count; off += kMaxPiece) {
       const int c = static_cast<int>(std::min<uint64_t>(kMaxPiece, count - off));
       r->reqs.push_back(MPI_REQUEST_NULL);
-      THC_CHECK_MPI(PMPI_Iallreduce(MPI_IN_PLACE, static_cast<uint8_t*>(data) + off * w, c, mpi_type(type), MPI_SUM,
-                                    comm_, &r->reqs.back()));
+      THC_CHECK_MPI_STATE(*st_, PMPI_Iallreduce(MPI_IN_PLACE, static_cast<uint8_t*>(data) + off * w, c,
+                                                mpi_type(type), MPI_SUM, comm_, &r->reqs.back()));
     }
     return r;
   }
 
   std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,
                                             void* sums, IntType type, const DownstreamCodec* down) override {
-    return std::make_unique<PsRequest>(comm_, gather_comm_, rank_, size_, packed, count, table, sums, type, down);
+    st_->check_usable();
+    return std::make_unique<PsRequest>(st_, comm_, gather_comm_, rank_, size_, packed, count, table, sums, type, down);
   }
 
  private:
+  MPI_Comm idup(MPI_Comm comm) {
+    // The handle is written when the duplicate completes: on a timeout it must outlive us.
+    std::vector<uint8_t> slot(sizeof(MPI_Comm));
+    MPI_Comm* out = reinterpret_cast<MPI_Comm*>(slot.data());
+    *out = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    THC_CHECK_MPI(PMPI_Comm_idup(comm, out, &req));
+    try {
+      st_->wait(&req, st_->deadline(), "creating the communicator (MPI_Comm_idup)");
+    } catch (const Error&) {
+      keep_forever(std::move(slot));
+      throw;
+    }
+    return *out;
+  }
+
+  std::shared_ptr<CommState> st_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm gather_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
@@ -228,6 +380,8 @@ class MpiReducer final : public Reducer {
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm) { return std::make_unique<MpiReducer>(comm); }
+std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm, long timeout_ms) {
+  return std::make_unique<MpiReducer>(comm, timeout_ms);
+}
 
 }  // namespace thc::transport

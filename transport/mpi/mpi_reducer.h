@@ -21,6 +21,13 @@ namespace thc::transport {
 
 // Duplicates comm (so thc traffic never matches the application's) and sets MPI_ERRORS_RETURN
 // on the duplicate. Collective over comm.
-std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm);
+//
+// Every wait (the duplication included) gives up after timeout_ms (THC_TIMEOUT_MS; <= 0: no
+// bound, as in MPI) with kTimeout. MPI can neither cancel nor free a started collective, so the
+// operation stays with MPI: the buffers this backend owns for it are kept for the life of the
+// process, and the communicator refuses every later operation (kTransport), since the ranks are
+// no longer in step. Buffers the caller passed (the engine's sums and codes) are the caller's to
+// keep alive if the missing peer may still join the abandoned operation.
+std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm, long timeout_ms);
 
 }  // namespace thc::transport

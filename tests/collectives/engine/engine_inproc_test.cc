@@ -1,8 +1,12 @@
 // The engine through the C API on in-process workers (threads).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <functional>
 #include <limits>
 #include <random>
@@ -261,6 +265,107 @@ TEST(Engine, MismatchedConfigurationIsDetectedOnEveryRank) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_ERR_CONFIG_MISMATCH) << r;
 }
 
+TEST(Engine, CountMismatchIsCaughtInTheFirstExchangeAndTheGroupGoesOn) {
+  // 2 blocks on ranks 0 and 2, 9 on rank 1: the statistics exchange would differ in size.
+  const int n = 3;
+  const thc_config_t cfg = base_config();
+  auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+    const size_t count = r == 1 ? 9000 : 2000;
+    auto in = gaussian(count, r);
+    std::vector<float> out(count);
+    const thc_status_t s = thc_allreduce(in.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    EXPECT_EQ(s, THC_ERR_CONFIG_MISMATCH) << r;
+    EXPECT_NE(std::string(thc_last_error()).find("the count"), std::string::npos) << thc_last_error();
+    // Nothing of the failed call is left in flight: the next one works.
+    in.resize(2000);
+    out.resize(2000);
+    return thc_allreduce(in.data(), out.data(), 2000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_SUCCESS) << r;
+}
+
+TEST(Engine, ChunkingAndAlgorithmMismatchesAreNamed) {
+  const int n = 2;
+  struct V {
+    const char* field;
+    void (*set)(thc_config_t&);
+  };
+  for (V v : {V{"chunking", [](thc_config_t& c) { c.chunk_bytes *= 2; }},
+              V{"algorithm", [](thc_config_t& c) { c.algo = c.algo == THC_ALGO_PS ? THC_ALGO_INT : THC_ALGO_PS; }}}) {
+    std::vector<thc_config_t> per(n, base_config());
+    per[0].algo = THC_ALGO_INT;
+    per[1].algo = THC_ALGO_INT;
+    v.set(per[1]);
+    auto st = run_workers(n, per[0], [&](int r, thc_comm_t comm) {
+      auto in = gaussian(20000, r);
+      std::vector<float> out(20000);
+      const thc_status_t s = thc_allreduce(in.data(), out.data(), 20000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+      EXPECT_NE(std::string(thc_last_error()).find(v.field), std::string::npos) << thc_last_error();
+      return s;
+    }, &per);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_ERR_CONFIG_MISMATCH) << v.field << " rank " << r;
+  }
+}
+
+// A rank that fails before the first exchange still takes part in it: the others fail with its
+// status at once instead of waiting for THC_TIMEOUT_MS.
+TEST(Engine, EarlyFailureOfOneRankIsReportedOnEveryRank) {
+  setenv("THC_TIMEOUT_MS", "20000", 1);  // the group's wait bound (without the fix: TIMEOUT)
+  const int n = 3;
+  std::vector<thc_config_t> per(n, base_config());
+  per[1].nat_levels = 15;  // too many for 16-bit sums of 3 workers: THC_ERR_OVERFLOW on rank 1
+  auto st = run_workers(n, per[0], [&](int r, thc_comm_t comm) {
+    auto in = gaussian(3000, r);
+    std::vector<float> out(3000);
+    const thc_status_t s = cnat_allreduce(in.data(), out.data(), 3000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    EXPECT_EQ(s, THC_ERR_OVERFLOW) << r << ": " << thc_last_error();
+    // The call counted on every rank: THC goes on in step.
+    return thc_allreduce(in.data(), out.data(), 3000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+  }, &per);
+  unsetenv("THC_TIMEOUT_MS");
+  for (int r = 0; r < n; ++r) EXPECT_EQ(st[r], THC_SUCCESS) << r;
+}
+
+// thc.h: a communicator takes one call at a time. A second thread's call on the same communicator
+// while the first waits for its peer is refused (it would race the first); stats stay readable.
+TEST(Engine, ConcurrentCallOnOneCommunicatorIsRefused) {
+  setenv("THC_TIMEOUT_MS", "20000", 1);
+  thc_inproc_group_t g;
+  ASSERT_EQ(thc_inproc_group_create(2, &g), THC_SUCCESS);
+  unsetenv("THC_TIMEOUT_MS");
+  const thc_config_t cfg = base_config();
+  thc_comm_t comm[2];
+  std::thread c1([&] { EXPECT_EQ(thc_comm_create_inproc(g, 1, &cfg, &comm[1]), THC_SUCCESS); });
+  ASSERT_EQ(thc_comm_create_inproc(g, 0, &cfg, &comm[0]), THC_SUCCESS);
+  c1.join();
+  std::atomic<bool> second_done{false};
+  thc_status_t first = THC_ERR_INTERNAL, second = THC_ERR_INTERNAL, peer = THC_ERR_INTERNAL;
+  std::vector<float> a(4096, 1.0f), b(4096, 2.0f), c(4096, 3.0f);
+  std::thread t_first([&] { first = thc_allreduce(a.data(), a.data(), a.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr); });
+  std::thread t_second([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (ordering only) the first is waiting for rank 1
+    second = thc_allreduce(b.data(), b.data(), b.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr);
+    thc_stats_t st;
+    EXPECT_EQ(thc_comm_stats(comm[0], &st), THC_SUCCESS);
+    second_done = true;
+  });
+  std::thread t_peer([&] {
+    while (!second_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    peer = thc_allreduce(c.data(), c.data(), c.size(), THC_FLOAT32, THC_OP_SUM, comm[1], nullptr);
+  });
+  t_first.join();
+  t_second.join();
+  t_peer.join();
+  EXPECT_EQ(second, THC_ERR_INVALID_ARG);
+  EXPECT_EQ(first, THC_SUCCESS);
+  EXPECT_EQ(peer, THC_SUCCESS);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(b, std::vector<float>(4096, 2.0f)) << "the refused call must not touch its buffer";
+  thc_comm_destroy(comm[0]);
+  thc_comm_destroy(comm[1]);
+  thc_inproc_group_destroy(g);
+}
+
 TEST(Engine, BadArgumentsAreRejected) {
   const thc_config_t cfg = base_config();
   auto st = run_workers(1, cfg, [&](int, thc_comm_t comm) {
@@ -300,6 +405,33 @@ TEST(Engine, OverflowProneConfigurationFailsWithOverflow) {
   });
   EXPECT_EQ(st[0], THC_ERR_OVERFLOW);
   EXPECT_EQ(st[1], THC_ERR_OVERFLOW);
+}
+
+// Re-compression rounds a shard sum of up to n 2^(L-1) up to a power of two: with 3 workers and
+// 14 levels that is 32768, beyond 16-bit sums. Refused, never wrapped to -32768.
+TEST(Engine, BidirWithoutHeadroomIsRefused) {
+  const int n = 3;
+  thc_config_t cfg = base_config();
+  cfg.algo = THC_ALGO_PS;
+  cfg.bidir = 1;
+  cfg.nat_width = 16;
+  for (int levels : {14, 0}) {
+    cfg.nat_levels = levels;
+    std::vector<std::vector<float>> out(n);
+    auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+      std::vector<float> in(4096, 1.0f);  // every element at its block maximum: the largest sums
+      out[r].assign(4096, 0.0f);
+      return cnat_allreduce(in.data(), out[r].data(), in.size(), THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    });
+    for (int r = 0; r < n; ++r) {
+      if (levels == 14) {
+        EXPECT_EQ(st[r], THC_ERR_OVERFLOW) << r;
+      } else {  // automatic levels keep the headroom; the sum 3 re-compresses to 2 or 4
+        ASSERT_EQ(st[r], THC_SUCCESS) << r << ": " << thc_last_error();
+        for (float v : out[r]) ASSERT_TRUE(v == 2.0f || v == 4.0f) << v;
+      }
+    }
+  }
 }
 
 TEST(Engine, BidirectionalCnatIsUnbiasedAndCloseToExact) {
