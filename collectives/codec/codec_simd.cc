@@ -4,9 +4,9 @@
 //
 // Where the time goes (per element, 2^16 blocks, AVX-512): the prelude's one streaming read,
 // the RHT (rht.cc: register-tiled FWHT passes with the prescale and signs fused in), and the
-// rounding, whose cost is mostly Philox (one counter per 4 elements). The rounding kernels
-// generate their draws in registers (philox-inl.h: PhiloxElems4, 64-bit lanes, already in
-// element order) and consume them without a trip through memory; THC looks its cell fields up
+// rounding, whose cost is mostly Philox (one counter per 8 elements: 16-bit draws, philox.h).
+// The rounding kernels generate their draws in registers (philox-inl.h: PhiloxRound16, 64-bit
+// lanes, widened to u32 in element order) and consume them without a trip through memory; THC looks its cell fields up
 // with two-register permutes when g <= 31 (vpermt2d/ps), else gathers them from the Codec's
 // ThcCell array (16-byte records, gather indices 4k + field). Streaming reads of the input carry
 // a software prefetch (kPrefetchFloats).
@@ -175,7 +175,9 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
 constexpr size_t kPrefetchFloats = 4096;
 
 // Draws of the own stream come straight from Philox in registers, in element order
-// (PhiloxElems4): four vectors of draws per step.
+// (PhiloxRound16): eight vectors of 16-bit draws j per step. The scalar reference compares
+// u = (2 j + 1) 2^-17 with a probability p; the kernels compare j + 1/2 (exact) with p 2^16
+// (an exact scaling), which is the same test.
 
 #if HWY_TARGET <= HWY_AVX3
 #define THC_HAVE_AVX512 1
@@ -196,29 +198,18 @@ HWY_INLINE void StoreCodes(hn::Vec<DI> code, uint8_t* HWY_RESTRICT p) {
   hn::StoreU(hn::DemoteTo(d8, code), d8, p);
 }
 
-// The u32 draw as the float (draw >> 8), i.e. the unit draw times 2^24 (exact).
-HWY_INLINE hn::Vec<DF> Unit24(DF d, hn::Vec<DU> r) {
-  const DI di;
-  return hn::ConvertTo(d, hn::BitCast(di, hn::ShiftRight<8>(r)));
-}
-
-// Elements [i, n) (fewer than one step of draws) element by element; draws generated in
-// registers for groups from i / 4 and stored.
+// Elements [i, n) (fewer than one step of draws; i a multiple of 8) element by element; the
+// 16-bit draws j generated in registers for groups from i / 8 and stored.
 template <class F>
 HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F&& per_elem) {
   const DU du;
   const size_t N = hn::Lanes(du);
-  HWY_ALIGN uint32_t draws[4 * kMaxU32];
-  for (; i < n; i += 4 * N) {
-    hn::Vec<DU> r0, r1, r2, r3;
-    PhiloxElems4(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 4), &r0,
-                 &r1, &r2, &r3);
-    hn::Store(r0, du, draws);
-    hn::Store(r1, du, draws + N);
-    hn::Store(r2, du, draws + 2 * N);
-    hn::Store(r3, du, draws + 3 * N);
-    const uint64_t m = n - i < 4 * N ? n - i : 4 * N;
-    for (uint64_t j = 0; j < m; ++j) per_elem(i + j, draws[j]);
+  HWY_ALIGN uint32_t draws[8 * kMaxU32];
+  for (; i < n; i += 8 * N) {
+    PhiloxRound16(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 8),
+                  [&](size_t q, hn::Vec<DU> j) { hn::Store(j, du, draws + q * N); });
+    const uint64_t m = n - i < 8 * N ? n - i : 8 * N;
+    for (uint64_t k = 0; k < m; ++k) per_elem(i + k, draws[k]);
   }
 }
 
@@ -228,7 +219,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   const DU du;
   const DI di;
   const size_t N = hn::Lanes(d);
-  const size_t step = 4 * N;
+  const size_t step = 8 * N;
   const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
   const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
   const auto venc = hn::Set(d, enc);
@@ -246,20 +237,21 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   if (tb.g <= 31 && tb.t >= 1e-20f) {
     // The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
     // Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
-    // inv24 = inv_span * 2^24 and u24 = draw >> 8: u < p  <=>  u24 < (v - lo) * inv24, both
-    // sides scaled exactly by 2^24 (v - lo is 0 or far above the denormal range).
-    HWY_ALIGN float lo_f[32], inv24[32];
+    // inv16 = inv_span * 2^16: u < p  <=>  j + 1/2 < (v - lo) * inv16, both sides scaled
+    // exactly by 2^16 (v - lo is 0 or far above the denormal range).
+    HWY_ALIGN float lo_f[32], inv16[32];
     HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
     for (int k = 0; k < 32; ++k) {
       const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
       lo_f[k] = static_cast<float>(c.lo_val);
-      inv24[k] = c.inv_span * 16777216.0f;
+      inv16[k] = c.inv_span * 65536.0f;
       lo_i[k] = c.lo_val;
       hi_i[k] = c.hi_val;
       pair[k] = c.lo_idx | (c.hi_idx << 8);
     }
     const __m512 LF0 = _mm512_load_ps(lo_f), LF1 = _mm512_load_ps(lo_f + 16);
-    const __m512 IV0 = _mm512_load_ps(inv24), IV1 = _mm512_load_ps(inv24 + 16);
+    const __m512 IV0 = _mm512_load_ps(inv16), IV1 = _mm512_load_ps(inv16 + 16);
+    const __m512 half = _mm512_set1_ps(0.5f);
     const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
     const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
     const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
@@ -268,9 +260,9 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g]: truncation = floor
       const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
       const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
-      const __m512 p24 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
-      const __m512 u24 = _mm512_cvtepi32_ps(_mm512_srli_epi32(r.raw, 8));
-      const __mmask16 up = _mm512_cmp_ps_mask(u24, p24, _CMP_LT_OQ);
+      const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
+      const __m512 u16 = _mm512_add_ps(_mm512_cvtepi32_ps(r.raw), half);
+      const __mmask16 up = _mm512_cmp_ps_mask(u16, p16, _CMP_LT_OQ);
       if (val) {
         const __m512i q = _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(LI0, k, LI1),
                                                   _mm512_permutex2var_epi32(HI0, k, HI1));
@@ -283,14 +275,8 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       }
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
-      for (; i + step <= n; i += step) {
-        hn::Vec<DU> r0, r1, r2, r3;
-        PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-        one(i, r0);
-        one(i + N, r1);
-        one(i + 2 * N, r2);
-        one(i + 3 * N, r3);
-      }
+      for (; i + step <= n; i += step)
+        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
     }
   }
 #endif
@@ -300,7 +286,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     const auto* base_i = reinterpret_cast<const int32_t*>(tb.cells);
     const auto* base_f = reinterpret_cast<const float*>(tb.cells);
     const auto o1 = hn::Set(di, 1), o2 = hn::Set(di, 2), o3 = hn::Set(di, 3);
-    const auto s24 = hn::Set(d, 16777216.0f);
+    const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
     auto one = [&](uint64_t j, hn::Vec<DU> r) {
       const auto v = grid(j);
       const auto k = hn::Max(hn::Min(hn::ConvertTo(di, v), gm1), zi);  // Max: NaN-safe
@@ -308,7 +294,8 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       const auto lo = hn::GatherIndex(di, base_i, k4);
       const auto inv = hn::GatherIndex(d, base_f, hn::Add(k4, o2));
       const auto p = hn::Mul(hn::Sub(v, hn::ConvertTo(d, lo)), inv);
-      const auto upi = hn::RebindMask(di, hn::Lt(Unit24(d, r), hn::Mul(p, s24)));
+      const auto u16 = hn::Add(hn::ConvertTo(d, hn::BitCast(di, r)), halff);
+      const auto upi = hn::RebindMask(di, hn::Lt(u16, hn::Mul(p, s16)));
       if (val) {
         const auto hi = hn::GatherIndex(di, base_i, hn::Add(k4, o1));
         hn::StoreU(hn::IfThenElse(upi, hi, lo), di, val + j);
@@ -318,20 +305,14 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
         StoreCodes(hn::And(hn::IfThenElse(upi, hn::ShiftRight<8>(pr), pr), ff), idx + j);
       }
     };
-    for (; i + step <= n; i += step) {
-      hn::Vec<DU> r0, r1, r2, r3;
-      PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-      one(i, r0);
-      one(i + N, r1);
-      one(i + 2 * N, r2);
-      one(i + 3 * N, r3);
-    }
+    for (; i + step <= n; i += step)
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
   }
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float vv = elem::thc_grid(work[j] * enc, tb.t, tb.g_over_2t, tb.gf);
     uint8_t z;
     int32_t q;
-    elem::thc_round(vv, rng::to_unit(r), tb.cells, tb.g, &z, &q);
+    elem::thc_round(vv, rng::round_unit(r), tb.cells, tb.g, &z, &q);
     if (idx) idx[j] = z;
     if (val) val[j] = q;
   });
@@ -343,30 +324,31 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   const DU du;
   const DI di;
   const size_t N = hn::Lanes(d);
-  const size_t step = 4 * N;
+  const size_t step = 8 * N;
   const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
   const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
   const int h = e / 2;
   const auto v1 = hn::Set(d, elem::pow2f(h)), v2 = hn::Set(d, elem::pow2f(e - h)), venc = hn::Set(d, enc);
   const auto rmax = hn::Set(d, elem::pow2f(levels - 1)), onef = hn::Set(d, 1.0f), zero = hn::Zero(d);
-  const auto s24 = hn::Set(d, 16777216.0f);
-  const auto oi = hn::Set(di, 1), zi = hn::Zero(di), mant = hn::Set(di, 0x7FFFFF);
+  const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
+  const auto oi = hn::Set(di, 1), zi = hn::Zero(di), mant = hn::Set(di, 0x7FFFFF), o64 = hn::Set(di, 64);
   const auto m126 = hn::Set(di, 126), m125 = hn::Set(di, 125);
   const auto sgn = hn::Set(di, 1 << (bits - 1));
-  // nat_round with integer draws: u = (draw >> 8) 2^-24 exactly, so for r >= 1
-  // u < frac = mant 2^-23  <=>  draw >> 8 < 2 mant, and for r < 1  u < r  <=>  float(draw >> 8) < r 2^24
-  // (scaling by 2^24 is exact). Level for r >= 1: exponent + 1 (+1 when going up).
+  // nat_round with the 16-bit draws j: u = (2 j + 1) 2^-17 exactly, so for r >= 1
+  // u < frac = mant 2^-23  <=>  (2 j + 1) 2^6 = j 2^7 + 64 < mant, and for r < 1
+  // u < r  <=>  j + 1/2 < r 2^16 (scaling by 2^16 is exact). Level for r >= 1: exponent + 1
+  // (+1 when going up).
   auto one = [&](uint64_t j, hn::Vec<DU> rd) {
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
     auto r = hn::Mul(hn::Mul(hn::Mul(hn::Abs(a), v1), v2), venc);
     r = hn::Min(rmax, r);  // r > rmax ? rmax : r (NaN stays NaN)
-    const auto u = hn::BitCast(di, hn::ShiftRight<8>(rd));
+    const auto u = hn::BitCast(di, rd);
     const auto rb = hn::BitCast(di, r);
     const auto ex8 = hn::ShiftRight<23>(rb);  // r >= 0: the biased exponent
-    const auto upf = hn::Lt(u, hn::ShiftLeft<1>(hn::And(rb, mant)));
+    const auto upf = hn::Lt(hn::Or(hn::ShiftLeft<7>(u), o64), hn::And(rb, mant));
     const auto big = hn::IfThenElse(upf, hn::Sub(ex8, m125), hn::Sub(ex8, m126));
-    const auto ups = hn::RebindMask(di, hn::Lt(hn::ConvertTo(d, u), hn::Mul(r, s24)));
+    const auto ups = hn::RebindMask(di, hn::Lt(hn::Add(hn::ConvertTo(d, u), halff), hn::Mul(r, s16)));
     const auto level = hn::IfThenElse(hn::RebindMask(di, hn::Ge(r, onef)), big, hn::IfThenElseZero(ups, oi));
     const auto nz = hn::Gt(level, zi);
     const auto s = hn::And(hn::RebindMask(di, hn::Lt(a, zero)), nz);
@@ -377,20 +359,14 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     if (idx) StoreCodes(hn::Or(hn::IfThenElseZero(s, sgn), level), idx + j);
   };
   uint64_t i = 0;
-  for (; i + step <= n; i += step) {
-      hn::Vec<DU> r0, r1, r2, r3;
-    PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-    one(i, r0);
-    one(i + N, r1);
-    one(i + 2 * N, r2);
-    one(i + 3 * N, r3);
-  }
+  for (; i + step <= n; i += step)
+    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float a = x[j];
     const float rr = elem::scale2(std::fabs(a), e) * enc;
     uint8_t z;
     int32_t q;
-    elem::nat_round(rr, a < 0, rng::to_unit(r), levels, bits, &z, &q);
+    elem::nat_round(rr, a < 0, rng::round_unit(r), levels, bits, &z, &q);
     if (idx) idx[j] = z;
     if (val) val[j] = q;
   });
@@ -758,13 +734,13 @@ void signs_postscale_scalar(const float* work, uint64_t m, int e, const rng::Str
 void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
                          uint64_t blk, uint8_t* idx, int32_t* val) {
   const auto key = rng::make_key(own);
-  for (uint64_t i = 0; i < n; i += 4) {
-    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+  for (uint64_t i = 0; i < n; i += rng::kRoundGroup) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / rng::kRoundGroup));
+    for (uint32_t k = 0; k < rng::kRoundGroup && i + k < n; ++k) {
       const float v = elem::thc_grid(work[i + k] * enc, tb.t, tb.g_over_2t, tb.gf);
       uint8_t z;
       int32_t q;
-      elem::thc_round(v, rng::to_unit(r.v[k]), tb.cells, tb.g, &z, &q);
+      elem::thc_round(v, rng::round_unit(rng::round_bits(r, k)), tb.cells, tb.g, &z, &q);
       if (idx) idx[i + k] = z;
       if (val) val[i + k] = q;
     }
@@ -774,14 +750,14 @@ void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTabl
 void nat_quantize_scalar(const float* x, uint64_t n, int e, float enc, int levels, int bits,
                          const rng::Stream& own, uint64_t blk, uint8_t* idx, int32_t* val) {
   const auto key = rng::make_key(own);
-  for (uint64_t i = 0; i < n; i += 4) {
-    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+  for (uint64_t i = 0; i < n; i += rng::kRoundGroup) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / rng::kRoundGroup));
+    for (uint32_t k = 0; k < rng::kRoundGroup && i + k < n; ++k) {
       const float a = x[i + k];
       const float rr = elem::scale2(std::fabs(a), e) * enc;
       uint8_t z;
       int32_t q;
-      elem::nat_round(rr, a < 0, rng::to_unit(r.v[k]), levels, bits, &z, &q);
+      elem::nat_round(rr, a < 0, rng::round_unit(rng::round_bits(r, k)), levels, bits, &z, &q);
       if (idx) idx[i + k] = z;
       if (val) val[i + k] = q;
     }

@@ -55,8 +55,9 @@ void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::St
 void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
                            uint64_t blk, const float* sub, float* out);
 
-// THC stochastic rounding of n (a multiple of 4) rotated values: y = work[i] * enc,
-// v = thc_grid(y), thc_round(v, u_i) with u_i the own-stream draw of element i of block blk.
+// THC stochastic rounding of n rotated values: y = work[i] * enc, v = thc_grid(y),
+// thc_round(v, u_i) with u_i the own-stream rounding uniform of element i of block blk
+// (philox.h: rng::round_unit of the 16 bits rng::round_bits of group i / 8).
 // Writes indices and/or values (either may be null).
 void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
                   uint64_t blk, uint8_t* idx, int32_t* val);

@@ -137,6 +137,35 @@ TEST(Codec, UnbiasedOverRoundsForEveryScheme) {
   }
 }
 
+// The rounding contract of philox.h: element k of a group takes the k-th little-endian u16 of the
+// call's 128 bits, and u = (2 j + 1) / 2^17, so that P(u < p) over the 2^16 values of j is p
+// rounded to the nearest multiple of 2^-16 (halves down), exact at 0 and 1.
+TEST(Rng, RoundingDrawsAreSixteenBitMidpoints) {
+  const r123::Philox4x32::ctr_type r = {{0x22221111u, 0x44443333u, 0x66665555u, 0x88887777u}};
+  for (uint32_t k = 0; k < rng::kRoundGroup; ++k)
+    EXPECT_EQ(rng::round_bits(r, k), 0x1111u * (k + 1)) << "element " << k;
+  std::vector<float> u(65536);
+  for (uint32_t j = 0; j < 65536; ++j) {
+    u[j] = rng::round_unit(j);
+    EXPECT_EQ(static_cast<double>(u[j]), (j + 0.5) / 65536.0);
+  }
+  auto p_up = [&](float p) {
+    uint32_t n = 0;
+    for (float x : u) n += x < p ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(p_up(0.0f), 0u);
+  EXPECT_EQ(p_up(1.0f), 65536u);
+  std::mt19937 gen(5);
+  for (int t = 0; t < 200; ++t) {
+    const uint32_t m = gen() % 65536;
+    EXPECT_EQ(p_up(static_cast<float>(m) / 65536.0f), m);              // on the grid: exact
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.5f) / 65536.0f), m);     // a half: down
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.25f) / 65536.0f), m);    // nearest
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.75f) / 65536.0f), m + 1);
+  }
+}
+
 TEST(Codec, ThcVarianceMatchesTableExpectation) {
   // y = RHT(x) / rms is ~N(0,1); NMSE = table variance + truncation error (both in sigma^2 = 1).
   for (int g : {16, 30, 51}) {
