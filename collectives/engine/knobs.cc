@@ -43,6 +43,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB_STR("THC_DPDK_EAL", dpdk_eal, "", "dpdk:// aggregator client: DPDK EAL arguments (e.g. --no-huge -m 512 --no-pci --file-prefix=w0 --vdev=net_af_packet0,iface=eth1)"),
       THC_KNOB_STR("THC_DPDK_LOCAL", dpdk_local, "", "dpdk:// aggregator client: this worker's IPv4 address[:UDP port] (no port: 40000 + rank); A.B.C.D+ = A.B.C.D + rank"),
       THC_KNOB("THC_DPDK_PORT_ID", kInt, dpdk_port_id, "0", nullptr, "dpdk:// aggregator client: DPDK port id"),
+      THC_KNOB("THC_THREADS", kInt, threads, "1", nullptr, "host codec threads per rank for prelude, encode and decode (1..256; 1 = the calling thread only, right when ranks share the cores)"),
   };
   return table;
 }

@@ -73,6 +73,7 @@ typedef struct thc_config {
   char dpdk_eal[512];    /* THC_DPDK_EAL: EAL arguments of a dpdk:// aggregator client */
   char dpdk_local[64];   /* THC_DPDK_LOCAL: this worker's IPv4[:UDP port] on the DPDK port */
   int dpdk_port_id;      /* THC_DPDK_PORT_ID: DPDK port of a dpdk:// aggregator client */
+  int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;
