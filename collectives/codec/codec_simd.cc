@@ -338,10 +338,13 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   // u < frac = mant 2^-23  <=>  (2 j + 1) 2^6 = j 2^7 + 64 < mant, and for r < 1
   // u < r  <=>  j + 1/2 < r 2^16 (scaling by 2^16 is exact). Level for r >= 1: exponent + 1
   // (+1 when going up).
+  // x * 1 is x for every float but NaN, which never gets here: Cnat (enc = 1) skips the product.
+  const bool scale_enc = enc != 1.0f;
   auto one = [&](uint64_t j, hn::Vec<DU> rd) {
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
-    auto r = hn::Mul(hn::Mul(hn::Mul(hn::Abs(a), v1), v2), venc);
+    auto r = hn::Mul(hn::Mul(hn::Abs(a), v1), v2);
+    if (scale_enc) r = hn::Mul(r, venc);
     r = hn::Min(rmax, r);  // r > rmax ? rmax : r (NaN stays NaN)
     const auto u = hn::BitCast(di, rd);
     const auto rb = hn::BitCast(di, r);
@@ -350,6 +353,18 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     const auto big = hn::IfThenElse(upf, hn::Sub(ex8, m125), hn::Sub(ex8, m126));
     const auto ups = hn::RebindMask(di, hn::Lt(hn::Add(hn::ConvertTo(d, u), halff), hn::Mul(r, s16)));
     const auto level = hn::IfThenElse(hn::RebindMask(di, hn::Ge(r, onef)), big, hn::IfThenElseZero(ups, oi));
+#if THC_HAVE_AVX512
+    if constexpr (sizeof(level.raw) == 64) {
+      if (!val) {
+        // The sign bit stands for a < 0: they differ only at -0, whose level is 0. One masked
+        // test gives s = negative and level != 0, one masked or the code.
+        const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(a.raw));
+        const __mmask16 sm = _mm512_mask_test_epi32_mask(neg, level.raw, level.raw);
+        if (idx) StoreCodes(hn::Vec<DI>{_mm512_mask_or_epi32(level.raw, sm, level.raw, sgn.raw)}, idx + j);
+        return;
+      }
+    }
+#endif
     const auto nz = hn::Gt(level, zi);
     const auto s = hn::And(hn::RebindMask(di, hn::Lt(a, zero)), nz);
     if (val) {

@@ -524,14 +524,18 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
     for (int levels : {1, 2, 7, 15, 31}) {
       for (int e : {-40, -3, 0, 5, 100}) {
         for (uint64_t n : {x.size(), x.size() - 3, uint64_t{5}}) {
-          const int bits = 6;
-          const rng::Stream own{42, 2, 1};
-          std::vector<uint8_t> i1(n), i2(n);
-          std::vector<int32_t> v1(n), v2(n);
-          kern::nat_quantize(x.data(), n, e, 0.75f, levels, bits, own, 9, i1.data(), v1.data());
-          kern::nat_quantize_scalar(x.data(), n, e, 0.75f, levels, bits, own, 9, i2.data(), v2.data());
-          ASSERT_EQ(i1, i2) << "levels " << levels << " e " << e << " n " << n;
-          ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n;
+          for (float enc : {0.75f, 1.0f}) {  // 1: Cnat, whose kernel skips the product
+            const int bits = 6;
+            const rng::Stream own{42, 2, 1};
+            std::vector<uint8_t> i1(n), i2(n), i3(n);
+            std::vector<int32_t> v1(n), v2(n);
+            kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i1.data(), v1.data());
+            kern::nat_quantize_scalar(x.data(), n, e, enc, levels, bits, own, 9, i2.data(), v2.data());
+            ASSERT_EQ(i1, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i3.data(), nullptr);  // codes only
+            ASSERT_EQ(i3, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+          }
         }
       }
     }
