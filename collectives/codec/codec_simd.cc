@@ -590,8 +590,39 @@ void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8
       hn::StoreU(hn::DemoteTo(d8, b), d8, out + i / 2);
     }
   }
+#if THC_HAVE_AVX512
+  else if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
+    // 64 codes -> 8 b bytes per step (b = 1..7, codes < 2^b): pairs of bytes to 2b-bit words
+    // (multiply-add by 1 and 2^b), pairs of words to 4b-bit dwords (by 1 and 2^2b), pairs of
+    // dwords to 8b-bit qwords (the high dword shifted down next to the low one): each qword then
+    // holds 8 codes in its low b bytes, LSB-first as elem.h's bit order. A byte shuffle gathers
+    // the 2b bytes of each 128-bit lane at its start, and the four lanes are stored 2b bytes apart
+    // as 16-byte stores, each overwriting the previous one's tail; the last store's tail stays
+    // inside this call's full output bytes (the pext loop below takes the rest).
+    const __m512i mul1 = _mm512_set1_epi16(static_cast<short>((1 << bits) << 8 | 1));
+    const __m512i mul2 = _mm512_set1_epi32((1 << (2 * bits)) << 16 | 1);
+    const __m512i lo32 = _mm512_set1_epi64(0xFFFFFFFFll);
+    const __m512i sh = _mm512_set1_epi64(4 * bits);
+    alignas(16) int8_t sel[16];
+    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
+    const __m512i shuf = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    const uint64_t full = n / 8 * static_cast<uint64_t>(bits);
+    const uint64_t b = static_cast<uint64_t>(bits);
+    for (; i + 64 <= n && i / 8 * b + 6 * b + 16 <= full; i += 64) {
+      const __m512i c = _mm512_loadu_si512(codes + i);
+      const __m512i d = _mm512_madd_epi16(_mm512_maddubs_epi16(mul1, c), mul2);
+      const __m512i q = _mm512_or_si512(_mm512_and_si512(d, lo32), _mm512_sllv_epi64(_mm512_srli_epi64(d, 32), sh));
+      const __m512i v = _mm512_shuffle_epi8(q, shuf);
+      uint8_t* o = out + i / 8 * b;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm512_castsi512_si128(v));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * b), _mm512_extracti32x4_epi32(v, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * b), _mm512_extracti32x4_epi32(v, 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 6 * b), _mm512_extracti32x4_epi32(v, 3));
+    }
+  }
+#endif
 #if THC_HAVE_PEXT
-  else {
+  if (bits != 4) {
     const uint64_t mask = ByteMask(bits);
     // 8 codes -> `bits` bytes, stored as a whole 8-byte word while that stays inside this call's
     // full output bytes (the word's zero upper bytes are overwritten by the next groups).
