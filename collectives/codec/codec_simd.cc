@@ -52,7 +52,7 @@ void SignsPostscaleImpl(const float* work, uint64_t m, int e, const rng::Stream&
   kern::signs_postscale_scalar(work, m, e, shared, blk, sub, out);
 }
 void ThcQuantizeImpl(const float* work, uint64_t n, float enc, const kern::ThcTables& tb, const rng::Stream& own,
-                     uint64_t blk, uint8_t* idx, int32_t* val) {
+                     uint64_t blk, uint8_t* idx, int32_t* val, const float*) {
   kern::thc_quantize_scalar(work, n, enc, tb, own, blk, idx, val);
 }
 void NatQuantizeImpl(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
@@ -174,6 +174,11 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
 // Prefetches past the end of an array are harmless (no fault), and mostly hit the next block.
 constexpr size_t kPrefetchFloats = 4096;
 
+// n floats at p towards L2, one prefetch per cache line (prefetches never fault).
+HWY_INLINE void PrefetchL2(const float* p, size_t n) {
+  for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 2);
+}
+
 // Draws of the own stream come straight from Philox in registers, in element order
 // (PhiloxRound16): eight vectors of 16-bit draws j per step. The scalar reference compares
 // u = (2 j + 1) 2^-17 with a probability p; the kernels compare j + 1/2 (exact) with p 2^16
@@ -214,7 +219,8 @@ HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F
 }
 
 void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, const kern::ThcTables& tb,
-                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val) {
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val,
+                     const float* prefetch) {
   const DF d;
   const DU du;
   const DI di;
@@ -275,8 +281,10 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       }
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
-      for (; i + step <= n; i += step)
+      for (; i + step <= n; i += step) {
+        if (prefetch) PrefetchL2(prefetch + i, step);
         PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+      }
     }
   }
 #endif
@@ -305,8 +313,10 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
         StoreCodes(hn::And(hn::IfThenElse(upi, hn::ShiftRight<8>(pr), pr), ff), idx + j);
       }
     };
-    for (; i + step <= n; i += step)
+    for (; i + step <= n; i += step) {
+      if (prefetch) PrefetchL2(prefetch + i, step);
       PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+    }
   }
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float vv = elem::thc_grid(work[j] * enc, tb.t, tb.g_over_2t, tb.gf);
@@ -722,8 +732,8 @@ void signs_postscale(const float* work, uint64_t m, int e, const rng::Stream& sh
   HWY_DYNAMIC_DISPATCH(SignsPostscaleImpl)(work, m, e, shared, blk, sub, out);
 }
 void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val) {
-  HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val);
+                  uint64_t blk, uint8_t* idx, int32_t* val, const float* prefetch) {
+  HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val, prefetch);
 }
 void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
                   uint64_t blk, uint8_t* idx, int32_t* val) {
