@@ -1,8 +1,8 @@
 // Device helpers shared by the codec kernels: element loads and stores in the input types, the
 // value form in every sum type and layout, b-bit packing of 8-code chunks, the per-block context.
 //
-// The unit of work is a chunk of 8 consecutive wire elements starting at a multiple of 8: two
-// Philox draws (stochastic rounding uses one 4-word draw per 4 elements), exactly b bytes of
+// The unit of work is a chunk of 8 consecutive wire elements starting at a multiple of 8: one
+// Philox call (stochastic rounding draws 16 bits per element, rng::kRoundGroup = 8), exactly b bytes of
 // packed b-bit codes (elem.h: eight codes always fill b whole bytes), 4 words of kPairs values.
 #pragma once
 

@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kNatThreads) nat_encode_kernel(const NatParams
   } else {
     const rng::Stream s = own_stream(p.rng, ctx.round);
     const auto key = rng::make_key(s);
-    const auto r0 = rng::draw4(key, s, rng::kPurposeRound, ctx.blk, static_cast<uint32_t>(j / 4));
-    const auto r1 = rng::draw4(key, s, rng::kPurposeRound, ctx.blk, static_cast<uint32_t>(j / 4 + 1));
+    const auto r = rng::draw4(key, s, rng::kPurposeRound, ctx.blk, static_cast<uint32_t>(j / rng::kRoundGroup));
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       code[k] = 0;
@@ -72,8 +71,7 @@ __global__ void __launch_bounds__(kNatThreads) nat_encode_kernel(const NatParams
       if (k < n) {
         const float a = x[k];
         const float rr = elem::scale2(fabsf(a), -ctx.sc.exp) * ctx.sc.enc;
-        elem::nat_round(rr, a < 0, rng::to_unit(k < 4 ? r0.v[k] : r1.v[k - 4]), p.d.levels, p.d.bits, &code[k],
-                        &val[k]);
+        elem::nat_round(rr, a < 0, rng::round_unit(rng::round_bits(r, k)), p.d.levels, p.d.bits, &code[k], &val[k]);
       }
     }
   }

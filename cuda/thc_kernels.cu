@@ -99,11 +99,10 @@ __device__ __forceinline__ void quantize8(const ThcParams& p, const BlockCtx& c,
   } else {
     const rng::Stream s = own_stream(p.rng, c.round);
     const auto key = rng::make_key(s);
-    const auto r0 = rng::draw4(key, s, rng::kPurposeRound, c.blk, static_cast<uint32_t>(j / 4));
-    const auto r1 = rng::draw4(key, s, rng::kPurposeRound, c.blk, static_cast<uint32_t>(j / 4 + 1));
+    const auto r = rng::draw4(key, s, rng::kPurposeRound, c.blk, static_cast<uint32_t>(j / rng::kRoundGroup));
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float u = rng::to_unit(k < 4 ? r0.v[k] : r1.v[k - 4]);
+      const float u = rng::round_unit(rng::round_bits(r, k));
       const float q = elem::thc_grid(v[k] * c.sc.enc, p.d.t, p.d.g2t, p.d.gf);
       elem::thc_round(q, u, p.d.cells, p.d.g, &idx[k], &val[k]);
     }

@@ -1,5 +1,5 @@
-// Codec throughput on one core: memcpy, RHT, THC and Cnat encode/decode over 64 MB of float32
-// (16 Mi Gaussian elements), each as bytes of float32 input per second and as a ratio to memcpy.
+// Codec throughput: memcpy, RHT, THC and Cnat encode/decode over 64 MB of float32 (16 Mi Gaussian
+// elements), each as bytes of float32 input per second and as a ratio to memcpy of the same run.
 //
 //   codec_bench                       all benchmarks, then the summary table
 //   codec_bench --benchmark_filter=X  the usual Google Benchmark flags
@@ -7,6 +7,13 @@
 //
 // Encode timings include the prelude (the per-block statistic), as the engine runs it; the MAX
 // across workers is left out (one worker). Decode timings include the inverse RHT.
+//
+// How the blocks reach the codec (the `calls` argument of the encode rows):
+//   calls:0  one Codec::encode for all blocks (one core)
+//   calls:1  one call per block with a reused codec::Workspace: what the engine does (one core)
+//   calls:2  one call per block, each allocating its own scratch (a caller without a workspace)
+// The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
+// encode (or decode) spread over `threads` threads block by block; memcpy stays on one core.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -20,6 +27,7 @@
 
 #include "collectives/codec/codec.h"
 #include "collectives/codec/rht.h"
+#include "collectives/engine/host_codec.h"
 
 namespace {
 
@@ -105,7 +113,8 @@ void BM_Rht(benchmark::State& state) {
   set_bytes(state);
 }
 
-// range(0): log2 block; range(1): 0 = index form (packed), 1 = value form.
+// range(0): log2 block; range(1): 0 = index form (packed), 1 = value form; range(2) (optional):
+// calls (see the top of the file).
 void encode_bench(benchmark::State& state, const Params& params) {
   const auto& x = input();
   const Codec c(params, kWorkers);
@@ -119,10 +128,47 @@ void encode_bench(benchmark::State& state, const Params& params) {
   } else {
     out.values = values.data();
   }
+  const int calls = static_cast<int>(state.range(2));
+  const size_t wsz = thc::codec::int_size(c.sum_type());
+  thc::codec::Workspace ws;
   uint32_t round = 0;
   for (auto _ : state) {
     c.prelude(x.data(), kCount, stats.data());
-    c.encode(l, 0, l.nblocks, x.data(), stats.data(), CallRng{7, 0, round++}, out);
+    const CallRng rng{7, 0, round++};
+    if (calls == 0) {
+      c.encode(l, 0, l.nblocks, x.data(), stats.data(), rng, out);
+    } else {
+      for (uint64_t b = 0; b < l.nblocks; ++b) {
+        Codec::EncodeOut o;
+        if (out.packed) o.packed = out.packed + b * l.block * c.index_bits() / 8;
+        if (out.values) o.values = static_cast<uint8_t*>(out.values) + b * l.block * wsz;
+        c.encode(l, b, 1, x.data() + b * l.block, stats.data() + b, rng, o, calls == 1 ? &ws : nullptr);
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+// The engine's host codec with range(2) threads (range(0): log2 block, range(1): form).
+void encode_threads_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const Layout l = c.layout(kCount);
+  thc::engine::HostCodec hc(static_cast<int>(state.range(2)));
+  std::vector<float> stats(l.nblocks);
+  std::vector<uint8_t> packed(c.packed_bytes(l.wire_count));
+  std::vector<uint8_t> values(l.wire_count * thc::codec::int_size(c.sum_type()));
+  Codec::EncodeOut out;
+  if (state.range(1) == 0) {
+    out.packed = packed.data();
+  } else {
+    out.values = values.data();
+  }
+  uint32_t round = 0;
+  for (auto _ : state) {
+    hc.prelude(c, x.data(), kCount, stats.data());
+    hc.encode(c, l, 0, l.nblocks, x.data(), stats.data(), CallRng{7, 0, round++}, out);
     benchmark::ClobberMemory();
   }
   set_bytes(state);
@@ -145,14 +191,27 @@ void decode_bench(benchmark::State& state, const Params& params) {
   }
   for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
   std::vector<float> y(kCount);
+  // range(1) (optional): threads of the engine's host codec (0: Codec::decode directly).
+  const int threads = static_cast<int>(state.range(1));
+  thc::engine::HostCodec hc(std::max(1, threads));
   for (auto _ : state) {
-    c.decode(l, 0, l.nblocks, sums.data(), stats.data(), CallRng{7, 0, 0}, kWorkers, true, y.data());
+    if (threads == 0) {
+      c.decode(l, 0, l.nblocks, sums.data(), stats.data(), CallRng{7, 0, 0}, kWorkers, true, y.data());
+    } else {
+      hc.decode(c, l, 0, l.nblocks, sums.data(), stats.data(), CallRng{7, 0, 0}, kWorkers, true, y.data());
+    }
     benchmark::ClobberMemory();
   }
   set_bytes(state);
 }
 
 void BM_ThcEncode(benchmark::State& state) { encode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
+void BM_ThcEncodeThreads(benchmark::State& state) {
+  encode_threads_bench(state, thc_params(static_cast<int>(state.range(0))));
+}
+void BM_CnatEncodeThreads(benchmark::State& state) {
+  encode_threads_bench(state, cnat_params(static_cast<int>(state.range(0))));
+}
 void BM_ThcDecode(benchmark::State& state) { decode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
 void BM_CnatEncode(benchmark::State& state) { encode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
 void BM_CnatDecode(benchmark::State& state) { decode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
@@ -161,19 +220,35 @@ void common(benchmark::internal::Benchmark* b) { b->Unit(benchmark::kMillisecond
 
 BENCHMARK(BM_Memcpy)->Apply(common);
 BENCHMARK(BM_Rht)->ArgName("log2B")->Arg(16)->Apply(common);
+// Block 2^14 is the default THC_BLOCK.
 BENCHMARK(BM_ThcEncode)
-    ->ArgNames({"log2B", "value"})
-    ->Args({16, 0})
-    ->Args({16, 1})
-    ->Args({10, 0})
-    ->Args({12, 0})
-    ->Args({14, 0})
-    ->Args({18, 0})
-    ->Args({20, 0})
+    ->ArgNames({"log2B", "value", "calls"})
+    ->Args({16, 0, 0})
+    ->Args({16, 1, 0})
+    ->Args({10, 0, 0})
+    ->Args({12, 0, 0})
+    ->Args({14, 0, 0})
+    ->Args({18, 0, 0})
+    ->Args({20, 0, 0})
+    ->Args({14, 0, 1})
+    ->Args({14, 0, 2})
+    ->Args({14, 1, 1})
     ->Apply(common);
-BENCHMARK(BM_ThcDecode)->ArgName("log2B")->Arg(16)->Apply(common);
-BENCHMARK(BM_CnatEncode)->ArgNames({"log2B", "value"})->Args({16, 1})->Args({16, 0})->Apply(common);
-BENCHMARK(BM_CnatDecode)->ArgName("log2B")->Arg(16)->Apply(common);
+BENCHMARK(BM_ThcDecode)->ArgNames({"log2B", "threads"})->Args({16, 0})->Args({14, 0})->Apply(common);
+BENCHMARK(BM_CnatEncode)
+    ->ArgNames({"log2B", "value", "calls"})
+    ->Args({16, 1, 0})
+    ->Args({16, 0, 0})
+    ->Args({14, 0, 0})
+    ->Args({14, 0, 1})
+    ->Args({14, 0, 2})
+    ->Args({14, 1, 1})
+    ->Apply(common);
+BENCHMARK(BM_CnatDecode)->ArgNames({"log2B", "threads"})->Args({16, 0})->Args({14, 0})->Apply(common);
+BENCHMARK(BM_ThcEncodeThreads)->ArgNames({"log2B", "value", "threads"})->Args({14, 0, 2})->Apply(common);
+BENCHMARK(BM_CnatEncodeThreads)->ArgNames({"log2B", "value", "threads"})->Args({14, 0, 2})->Apply(common);
+BENCHMARK(BM_ThcDecode)->ArgNames({"log2B", "threads"})->Args({14, 2})->Apply(common);
+BENCHMARK(BM_CnatDecode)->ArgNames({"log2B", "threads"})->Args({14, 2})->Apply(common);
 
 // Console output as usual, plus the bytes/s of every run for the summary table.
 class SummaryReporter : public benchmark::ConsoleReporter {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "collectives/codec/codec_simd.h"
@@ -334,27 +335,41 @@ void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t
     tb.t = static_cast<float>(t_p_);
     tb.gf = static_cast<float>(g_);
     tb.g_over_2t = static_cast<float>(g_ / (2.0 * t_p_));
-    kern::thc_quantize(work, wire, bs.enc, tb, own, blk, idx, val);
+    // Meanwhile the next block's input (contiguous in this call; past its end the prefetch
+    // fetches nothing useful but does no harm) moves towards L2: the RHT's first pass, which
+    // reads it, otherwise waits for memory while the rest of the encode leaves it idle.
+    kern::thc_quantize(work, wire, bs.enc, tb, own, blk, idx, val, x + block());
   } else {
     kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val);
   }
 }
 
+void Workspace::Free::operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{64}); }
+
+void Workspace::reserve(uint64_t block) {
+  if (block <= block_) return;
+  // 64-byte aligned: the kernels' full-vector loads and stores then never split a cache line.
+  mem_.reset(static_cast<unsigned char*>(::operator new[](9 * block, std::align_val_t{64})));
+  block_ = block;
+}
+
 void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
-                   const float* stats, const CallRng& rng, const EncodeOut& out) const {
+                   const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws) const {
   const uint64_t B = lay.block;
-  std::vector<uint8_t> idx(out.packed ? B : 0);
-  std::vector<int32_t> val(out.values || out.residual ? B : 0);
-  std::vector<float> work(rotates() ? B : 0);
+  Workspace own_ws;
+  if (!ws) ws = &own_ws;
+  ws->reserve(B);
+  uint8_t* const idx = out.packed ? ws->idx() : nullptr;
+  int32_t* const val = out.values || out.residual ? ws->val() : nullptr;
+  float* const work = ws->work();
   uint64_t wire_off = 0;
   for (uint64_t k = 0; k < nblocks; ++k) {
     const uint64_t blk = first_block + k;
     const uint64_t m = lay.elems(blk), w = lay.wire(blk);
     const float* xb = x + k * B;
-    encode_block(xb, m, w, blk, stats[k], rng, out.packed ? idx.data() : nullptr,
-                 val.empty() ? nullptr : val.data(), work.data());
-    if (out.packed) pack_bits(idx.data(), w, bits_, out.packed + wire_off * bits_ / 8);
-    if (out.values) kern::store_values(sum_type_, out.values, wire_off, val.data(), w);
+    encode_block(xb, m, w, blk, stats[k], rng, idx, val, work);
+    if (out.packed) pack_bits(idx, w, bits_, out.packed + wire_off * bits_ / 8);
+    if (out.values) kern::store_values(sum_type_, out.values, wire_off, val, w);
     if (out.residual) {
       float* res = out.residual + k * B;
       const BlockScale bs = block_scale(stats[k], w);
@@ -365,10 +380,10 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
         // dequantised rotated value. Computed exactly like decode with one contributor.
         const float step = static_cast<float>(2.0 * t_p_ / g_);
         const float half = 0.5f * static_cast<float>(g_);
-        kern::thc_dequant(IntType::kI32, val.data(), 0, w, half, step, bs.dec, work.data());
-        kern::rotate_inverse(work.data(), w, m, bs.exp, rng.shared(), blk, xb, res);  // fwht + signs_postscale
+        kern::thc_dequant(IntType::kI32, val, 0, w, half, step, bs.dec, work);
+        kern::rotate_inverse(work, w, m, bs.exp, rng.shared(), blk, xb, res);  // fwht + signs_postscale
       } else {
-        kern::nat_dequant(IntType::kI32, val.data(), 0, m, bs.dec, bs.exp, xb, res);
+        kern::nat_dequant(IntType::kI32, val, 0, m, bs.dec, bs.exp, xb, res);
       }
     }
     wire_off += w;
@@ -377,9 +392,12 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
 
 void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const void* sums,
                    const float* stats, const CallRng& rng, int contributors, bool mean,
-                   float* out) const {
+                   float* out, Workspace* ws) const {
   const uint64_t B = lay.block;
-  std::vector<float> work(rotates() ? B : 0);
+  Workspace own_ws;
+  if (!ws) ws = &own_ws;
+  if (rotates()) ws->reserve(B);
+  float* const work = ws->work();
   uint64_t wire_off = 0;
   const float cnt = static_cast<float>(contributors);
   const float inv_cnt = mean ? 1.0f / cnt : 1.0f;
@@ -397,8 +415,8 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
       const float step = static_cast<float>(2.0 * t_p_ / g_);
       const float half = 0.5f * static_cast<float>(g_) * cnt;
       const float f = bs.dec * inv_cnt;
-      kern::thc_dequant(sum_type_, sums, wire_off, w, half, step, f, work.data());
-      kern::rotate_inverse(work.data(), w, m, bs.exp, rng.shared(), blk, nullptr, ob);  // fwht + signs_postscale
+      kern::thc_dequant(sum_type_, sums, wire_off, w, half, step, f, work);
+      kern::rotate_inverse(work, w, m, bs.exp, rng.shared(), blk, nullptr, ob);  // fwht + signs_postscale
     } else {
       kern::nat_dequant(sum_type_, sums, wire_off, m, bs.dec * inv_cnt, bs.exp, nullptr, ob);
     }

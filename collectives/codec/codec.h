@@ -73,6 +73,31 @@ struct CallRng {
   rng::Stream own() const { return {seed, rank + 1, round}; }
 };
 
+// Scratch memory of encode and decode: a block's codes, integer values and rotated floats. A
+// caller that encodes or decodes block by block (the engine) keeps one and passes it to every
+// call, so that no call allocates; calls without one allocate their own. It grows to the largest
+// block it has served and is never zero-filled (every call writes what it reads). One per thread.
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(Workspace&&) noexcept = default;
+  Workspace& operator=(Workspace&&) noexcept = default;
+  uint64_t block() const { return block_; }
+
+ private:
+  friend class Codec;
+  struct Free {
+    void operator()(unsigned char* p) const;
+  };
+  void reserve(uint64_t block);  // room for `block` elements of each kind
+  float* work() const { return reinterpret_cast<float*>(mem_.get()); }
+  int32_t* val() const { return reinterpret_cast<int32_t*>(mem_.get() + 4 * block_); }
+  uint8_t* idx() const { return mem_.get() + 8 * block_; }
+
+  std::unique_ptr<unsigned char[], Free> mem_;
+  uint64_t block_ = 0;
+};
+
 class Codec {
  public:
   // n: the number of workers whose values are summed (sizes the sum type). Throws thc::Error
@@ -113,13 +138,15 @@ class Codec {
     void* values = nullptr;
     float* residual = nullptr;
   };
+  // ws: scratch to reuse (nullptr: this call allocates its own).
   void encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
-              const float* stats, const CallRng& rng, const EncodeOut& out) const;
+              const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws = nullptr) const;
 
   // Decode sums (of sum_type()) of `contributors` workers into out (real elements only).
   // mean = true gives the average, false the sum.
   void decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const void* sums,
-              const float* stats, const CallRng& rng, int contributors, bool mean, float* out) const;
+              const float* stats, const CallRng& rng, int contributors, bool mean, float* out,
+              Workspace* ws = nullptr) const;
 
   // Index form -> value form: values[i] = table[index_i] (what a parameter server does).
   void lookup(const uint8_t* packed, uint64_t wire_elems, void* values) const;

@@ -4,9 +4,9 @@
 //
 // Where the time goes (per element, 2^16 blocks, AVX-512): the prelude's one streaming read,
 // the RHT (rht.cc: register-tiled FWHT passes with the prescale and signs fused in), and the
-// rounding, whose cost is mostly Philox (one counter per 4 elements). The rounding kernels
-// generate their draws in registers (philox-inl.h: PhiloxElems4, 64-bit lanes, already in
-// element order) and consume them without a trip through memory; THC looks its cell fields up
+// rounding, whose cost is mostly Philox (one counter per 8 elements: 16-bit draws, philox.h).
+// The rounding kernels generate their draws in registers (philox-inl.h: PhiloxRound16, 64-bit
+// lanes, widened to u32 in element order) and consume them without a trip through memory; THC looks its cell fields up
 // with two-register permutes when g <= 31 (vpermt2d/ps), else gathers them from the Codec's
 // ThcCell array (16-byte records, gather indices 4k + field). Streaming reads of the input carry
 // a software prefetch (kPrefetchFloats).
@@ -52,7 +52,7 @@ void SignsPostscaleImpl(const float* work, uint64_t m, int e, const rng::Stream&
   kern::signs_postscale_scalar(work, m, e, shared, blk, sub, out);
 }
 void ThcQuantizeImpl(const float* work, uint64_t n, float enc, const kern::ThcTables& tb, const rng::Stream& own,
-                     uint64_t blk, uint8_t* idx, int32_t* val) {
+                     uint64_t blk, uint8_t* idx, int32_t* val, const float*) {
   kern::thc_quantize_scalar(work, n, enc, tb, own, blk, idx, val);
 }
 void NatQuantizeImpl(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
@@ -174,8 +174,15 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
 // Prefetches past the end of an array are harmless (no fault), and mostly hit the next block.
 constexpr size_t kPrefetchFloats = 4096;
 
+// n floats at p towards L2, one prefetch per cache line (prefetches never fault).
+HWY_INLINE void PrefetchL2(const float* p, size_t n) {
+  for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 2);
+}
+
 // Draws of the own stream come straight from Philox in registers, in element order
-// (PhiloxElems4): four vectors of draws per step.
+// (PhiloxRound16): eight vectors of 16-bit draws j per step. The scalar reference compares
+// u = (2 j + 1) 2^-17 with a probability p; the kernels compare j + 1/2 (exact) with p 2^16
+// (an exact scaling), which is the same test.
 
 #if HWY_TARGET <= HWY_AVX3
 #define THC_HAVE_AVX512 1
@@ -196,39 +203,29 @@ HWY_INLINE void StoreCodes(hn::Vec<DI> code, uint8_t* HWY_RESTRICT p) {
   hn::StoreU(hn::DemoteTo(d8, code), d8, p);
 }
 
-// The u32 draw as the float (draw >> 8), i.e. the unit draw times 2^24 (exact).
-HWY_INLINE hn::Vec<DF> Unit24(DF d, hn::Vec<DU> r) {
-  const DI di;
-  return hn::ConvertTo(d, hn::BitCast(di, hn::ShiftRight<8>(r)));
-}
-
-// Elements [i, n) (fewer than one step of draws) element by element; draws generated in
-// registers for groups from i / 4 and stored.
+// Elements [i, n) (fewer than one step of draws; i a multiple of 8) element by element; the
+// 16-bit draws j generated in registers for groups from i / 8 and stored.
 template <class F>
 HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F&& per_elem) {
   const DU du;
   const size_t N = hn::Lanes(du);
-  HWY_ALIGN uint32_t draws[4 * kMaxU32];
-  for (; i < n; i += 4 * N) {
-    hn::Vec<DU> r0, r1, r2, r3;
-    PhiloxElems4(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 4), &r0,
-                 &r1, &r2, &r3);
-    hn::Store(r0, du, draws);
-    hn::Store(r1, du, draws + N);
-    hn::Store(r2, du, draws + 2 * N);
-    hn::Store(r3, du, draws + 3 * N);
-    const uint64_t m = n - i < 4 * N ? n - i : 4 * N;
-    for (uint64_t j = 0; j < m; ++j) per_elem(i + j, draws[j]);
+  HWY_ALIGN uint32_t draws[8 * kMaxU32];
+  for (; i < n; i += 8 * N) {
+    PhiloxRound16(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 8),
+                  [&](size_t q, hn::Vec<DU> j) { hn::Store(j, du, draws + q * N); });
+    const uint64_t m = n - i < 8 * N ? n - i : 8 * N;
+    for (uint64_t k = 0; k < m; ++k) per_elem(i + k, draws[k]);
   }
 }
 
 void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, const kern::ThcTables& tb,
-                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val) {
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val,
+                     const float* prefetch) {
   const DF d;
   const DU du;
   const DI di;
   const size_t N = hn::Lanes(d);
-  const size_t step = 4 * N;
+  const size_t step = 8 * N;
   const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
   const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
   const auto venc = hn::Set(d, enc);
@@ -248,20 +245,21 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   if (tb.g <= 31 && tb.t >= 1e-20f) {
     // The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
     // Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
-    // inv24 = inv_span * 2^24 and u24 = draw >> 8: u < p  <=>  u24 < (v - lo) * inv24, both
-    // sides scaled exactly by 2^24 (v - lo is 0 or far above the denormal range).
-    HWY_ALIGN float lo_f[32], inv24[32];
+    // inv16 = inv_span * 2^16: u < p  <=>  j + 1/2 < (v - lo) * inv16, both sides scaled
+    // exactly by 2^16 (v - lo is 0 or far above the denormal range).
+    HWY_ALIGN float lo_f[32], inv16[32];
     HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
     for (int k = 0; k < 32; ++k) {
       const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
       lo_f[k] = static_cast<float>(c.lo_val);
-      inv24[k] = c.inv_span * 16777216.0f;
+      inv16[k] = c.inv_span * 65536.0f;
       lo_i[k] = c.lo_val;
       hi_i[k] = c.hi_val;
       pair[k] = c.lo_idx | (c.hi_idx << 8);
     }
     const __m512 LF0 = _mm512_load_ps(lo_f), LF1 = _mm512_load_ps(lo_f + 16);
-    const __m512 IV0 = _mm512_load_ps(inv24), IV1 = _mm512_load_ps(inv24 + 16);
+    const __m512 IV0 = _mm512_load_ps(inv16), IV1 = _mm512_load_ps(inv16 + 16);
+    const __m512 half = _mm512_set1_ps(0.5f);
     const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
     const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
     const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
@@ -270,9 +268,9 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g]: truncation = floor
       const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
       const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
-      const __m512 p24 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
-      const __m512 u24 = _mm512_cvtepi32_ps(_mm512_srli_epi32(r.raw, 8));
-      const __mmask16 up = _mm512_cmp_ps_mask(u24, p24, _CMP_LT_OQ);
+      const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
+      const __m512 u16 = _mm512_add_ps(_mm512_cvtepi32_ps(r.raw), half);
+      const __mmask16 up = _mm512_cmp_ps_mask(u16, p16, _CMP_LT_OQ);
       if (val) {
         const __m512i q = _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(LI0, k, LI1),
                                                   _mm512_permutex2var_epi32(HI0, k, HI1));
@@ -286,12 +284,8 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
       for (; i + step <= n; i += step) {
-        hn::Vec<DU> r0, r1, r2, r3;
-        PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-        one(i, r0);
-        one(i + N, r1);
-        one(i + 2 * N, r2);
-        one(i + 3 * N, r3);
+        if (prefetch) PrefetchL2(prefetch + i, step);
+        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
       }
     }
   }
@@ -302,7 +296,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     const auto* base_i = reinterpret_cast<const int32_t*>(tb.cells);
     const auto* base_f = reinterpret_cast<const float*>(tb.cells);
     const auto o1 = hn::Set(di, 1), o2 = hn::Set(di, 2), o3 = hn::Set(di, 3);
-    const auto s24 = hn::Set(d, 16777216.0f);
+    const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
     auto one = [&](uint64_t j, hn::Vec<DU> r) {
       const auto v = grid(j);
       const auto k = hn::Max(hn::Min(hn::ConvertTo(di, v), gm1), zi);  // Max: NaN-safe
@@ -310,7 +304,8 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       const auto lo = hn::GatherIndex(di, base_i, k4);
       const auto inv = hn::GatherIndex(d, base_f, hn::Add(k4, o2));
       const auto p = hn::Mul(hn::Sub(v, hn::ConvertTo(d, lo)), inv);
-      const auto upi = hn::RebindMask(di, hn::Lt(Unit24(d, r), hn::Mul(p, s24)));
+      const auto u16 = hn::Add(hn::ConvertTo(d, hn::BitCast(di, r)), halff);
+      const auto upi = hn::RebindMask(di, hn::Lt(u16, hn::Mul(p, s16)));
       if (val) {
         const auto hi = hn::GatherIndex(di, base_i, hn::Add(k4, o1));
         hn::StoreU(hn::IfThenElse(upi, hi, lo), di, val + j);
@@ -321,19 +316,15 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       }
     };
     for (; i + step <= n; i += step) {
-      hn::Vec<DU> r0, r1, r2, r3;
-      PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-      one(i, r0);
-      one(i + N, r1);
-      one(i + 2 * N, r2);
-      one(i + 3 * N, r3);
+      if (prefetch) PrefetchL2(prefetch + i, step);
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
     }
   }
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float vv = elem::thc_grid(work[j] * enc, tb.t, tb.g_over_2t, tb.gf);
     uint8_t z;
     int32_t q;
-    elem::thc_round(vv, rng::to_unit(r), tb.cells, tb.g, &z, &q);
+    elem::thc_round(vv, rng::round_unit(r), tb.cells, tb.g, &z, &q);
     if (idx) idx[j] = z;
     if (val) val[j] = q;
   });
@@ -345,31 +336,47 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   const DU du;
   const DI di;
   const size_t N = hn::Lanes(d);
-  const size_t step = 4 * N;
+  const size_t step = 8 * N;
   const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
   const auto pat = PhiloxLanePattern(hn::Repartition<uint64_t, DU>());
   const int h = e / 2;
   const auto v1 = hn::Set(d, elem::pow2f(h)), v2 = hn::Set(d, elem::pow2f(e - h)), venc = hn::Set(d, enc);
   const auto rmax = hn::Set(d, elem::pow2f(levels - 1)), onef = hn::Set(d, 1.0f), zero = hn::Zero(d);
-  const auto s24 = hn::Set(d, 16777216.0f);
-  const auto oi = hn::Set(di, 1), zi = hn::Zero(di), mant = hn::Set(di, 0x7FFFFF);
+  const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
+  const auto oi = hn::Set(di, 1), zi = hn::Zero(di), mant = hn::Set(di, 0x7FFFFF), o64 = hn::Set(di, 64);
   const auto m126 = hn::Set(di, 126), m125 = hn::Set(di, 125);
   const auto sgn = hn::Set(di, 1 << (bits - 1));
-  // nat_round with integer draws: u = (draw >> 8) 2^-24 exactly, so for r >= 1
-  // u < frac = mant 2^-23  <=>  draw >> 8 < 2 mant, and for r < 1  u < r  <=>  float(draw >> 8) < r 2^24
-  // (scaling by 2^24 is exact). Level for r >= 1: exponent + 1 (+1 when going up).
+  // nat_round with the 16-bit draws j: u = (2 j + 1) 2^-17 exactly, so for r >= 1
+  // u < frac = mant 2^-23  <=>  (2 j + 1) 2^6 = j 2^7 + 64 < mant, and for r < 1
+  // u < r  <=>  j + 1/2 < r 2^16 (scaling by 2^16 is exact). Level for r >= 1: exponent + 1
+  // (+1 when going up).
+  // x * 1 is x for every float but NaN, which never gets here: Cnat (enc = 1) skips the product.
+  const bool scale_enc = enc != 1.0f;
   auto one = [&](uint64_t j, hn::Vec<DU> rd) {
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
-    auto r = hn::Mul(hn::Mul(hn::Mul(hn::Abs(a), v1), v2), venc);
+    auto r = hn::Mul(hn::Mul(hn::Abs(a), v1), v2);
+    if (scale_enc) r = hn::Mul(r, venc);
     r = hn::IfThenElseZero(hn::Ge(r, zero), hn::Min(rmax, r));  // NaN -> 0, as nat_round
-    const auto u = hn::BitCast(di, hn::ShiftRight<8>(rd));
+    const auto u = hn::BitCast(di, rd);
     const auto rb = hn::BitCast(di, r);
     const auto ex8 = hn::ShiftRight<23>(rb);  // r >= 0: the biased exponent
-    const auto upf = hn::Lt(u, hn::ShiftLeft<1>(hn::And(rb, mant)));
+    const auto upf = hn::Lt(hn::Or(hn::ShiftLeft<7>(u), o64), hn::And(rb, mant));
     const auto big = hn::IfThenElse(upf, hn::Sub(ex8, m125), hn::Sub(ex8, m126));
-    const auto ups = hn::RebindMask(di, hn::Lt(hn::ConvertTo(d, u), hn::Mul(r, s24)));
+    const auto ups = hn::RebindMask(di, hn::Lt(hn::Add(hn::ConvertTo(d, u), halff), hn::Mul(r, s16)));
     const auto level = hn::IfThenElse(hn::RebindMask(di, hn::Ge(r, onef)), big, hn::IfThenElseZero(ups, oi));
+#if THC_HAVE_AVX512
+    if constexpr (sizeof(level.raw) == 64) {
+      if (!val) {
+        // The sign bit stands for a < 0: they differ only at -0, whose level is 0. One masked
+        // test gives s = negative and level != 0, one masked or the code.
+        const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(a.raw));
+        const __mmask16 sm = _mm512_mask_test_epi32_mask(neg, level.raw, level.raw);
+        if (idx) StoreCodes(hn::Vec<DI>{_mm512_mask_or_epi32(level.raw, sm, level.raw, sgn.raw)}, idx + j);
+        return;
+      }
+    }
+#endif
     const auto nz = hn::Gt(level, zi);
     const auto s = hn::And(hn::RebindMask(di, hn::Lt(a, zero)), nz);
     if (val) {
@@ -379,20 +386,14 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     if (idx) StoreCodes(hn::Or(hn::IfThenElseZero(s, sgn), level), idx + j);
   };
   uint64_t i = 0;
-  for (; i + step <= n; i += step) {
-      hn::Vec<DU> r0, r1, r2, r3;
-    PhiloxElems4(du, fam, pat, static_cast<uint32_t>(i / 4), &r0, &r1, &r2, &r3);
-    one(i, r0);
-    one(i + N, r1);
-    one(i + 2 * N, r2);
-    one(i + 3 * N, r3);
-  }
+  for (; i + step <= n; i += step)
+    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float a = x[j];
     const float rr = elem::scale2(std::fabs(a), e) * enc;
     uint8_t z;
     int32_t q;
-    elem::nat_round(rr, a < 0, rng::to_unit(r), levels, bits, &z, &q);
+    elem::nat_round(rr, a < 0, rng::round_unit(r), levels, bits, &z, &q);
     if (idx) idx[j] = z;
     if (val) val[j] = q;
   });
@@ -601,8 +602,39 @@ void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8
       hn::StoreU(hn::DemoteTo(d8, b), d8, out + i / 2);
     }
   }
+#if THC_HAVE_AVX512
+  else if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
+    // 64 codes -> 8 b bytes per step (b = 1..7, codes < 2^b): pairs of bytes to 2b-bit words
+    // (multiply-add by 1 and 2^b), pairs of words to 4b-bit dwords (by 1 and 2^2b), pairs of
+    // dwords to 8b-bit qwords (the high dword shifted down next to the low one): each qword then
+    // holds 8 codes in its low b bytes, LSB-first as elem.h's bit order. A byte shuffle gathers
+    // the 2b bytes of each 128-bit lane at its start, and the four lanes are stored 2b bytes apart
+    // as 16-byte stores, each overwriting the previous one's tail; the last store's tail stays
+    // inside this call's full output bytes (the pext loop below takes the rest).
+    const __m512i mul1 = _mm512_set1_epi16(static_cast<short>((1 << bits) << 8 | 1));
+    const __m512i mul2 = _mm512_set1_epi32((1 << (2 * bits)) << 16 | 1);
+    const __m512i lo32 = _mm512_set1_epi64(0xFFFFFFFFll);
+    const __m512i sh = _mm512_set1_epi64(4 * bits);
+    alignas(16) int8_t sel[16];
+    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
+    const __m512i shuf = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    const uint64_t full = n / 8 * static_cast<uint64_t>(bits);
+    const uint64_t b = static_cast<uint64_t>(bits);
+    for (; i + 64 <= n && i / 8 * b + 6 * b + 16 <= full; i += 64) {
+      const __m512i c = _mm512_loadu_si512(codes + i);
+      const __m512i d = _mm512_madd_epi16(_mm512_maddubs_epi16(mul1, c), mul2);
+      const __m512i q = _mm512_or_si512(_mm512_and_si512(d, lo32), _mm512_sllv_epi64(_mm512_srli_epi64(d, 32), sh));
+      const __m512i v = _mm512_shuffle_epi8(q, shuf);
+      uint8_t* o = out + i / 8 * b;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm512_castsi512_si128(v));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * b), _mm512_extracti32x4_epi32(v, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * b), _mm512_extracti32x4_epi32(v, 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 6 * b), _mm512_extracti32x4_epi32(v, 3));
+    }
+  }
+#endif
 #if THC_HAVE_PEXT
-  else {
+  if (bits != 4) {
     const uint64_t mask = ByteMask(bits);
     // 8 codes -> `bits` bytes, stored as a whole 8-byte word while that stays inside this call's
     // full output bytes (the word's zero upper bytes are overwritten by the next groups).
@@ -702,8 +734,8 @@ void signs_postscale(const float* work, uint64_t m, int e, const rng::Stream& sh
   HWY_DYNAMIC_DISPATCH(SignsPostscaleImpl)(work, m, e, shared, blk, sub, out);
 }
 void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val) {
-  HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val);
+                  uint64_t blk, uint8_t* idx, int32_t* val, const float* prefetch) {
+  HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val, prefetch);
 }
 void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
                   uint64_t blk, uint8_t* idx, int32_t* val) {
@@ -760,13 +792,13 @@ void signs_postscale_scalar(const float* work, uint64_t m, int e, const rng::Str
 void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
                          uint64_t blk, uint8_t* idx, int32_t* val) {
   const auto key = rng::make_key(own);
-  for (uint64_t i = 0; i < n; i += 4) {
-    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+  for (uint64_t i = 0; i < n; i += rng::kRoundGroup) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / rng::kRoundGroup));
+    for (uint32_t k = 0; k < rng::kRoundGroup && i + k < n; ++k) {
       const float v = elem::thc_grid(work[i + k] * enc, tb.t, tb.g_over_2t, tb.gf);
       uint8_t z;
       int32_t q;
-      elem::thc_round(v, rng::to_unit(r.v[k]), tb.cells, tb.g, &z, &q);
+      elem::thc_round(v, rng::round_unit(rng::round_bits(r, k)), tb.cells, tb.g, &z, &q);
       if (idx) idx[i + k] = z;
       if (val) val[i + k] = q;
     }
@@ -776,14 +808,14 @@ void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTabl
 void nat_quantize_scalar(const float* x, uint64_t n, int e, float enc, int levels, int bits,
                          const rng::Stream& own, uint64_t blk, uint8_t* idx, int32_t* val) {
   const auto key = rng::make_key(own);
-  for (uint64_t i = 0; i < n; i += 4) {
-    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+  for (uint64_t i = 0; i < n; i += rng::kRoundGroup) {
+    const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / rng::kRoundGroup));
+    for (uint32_t k = 0; k < rng::kRoundGroup && i + k < n; ++k) {
       const float a = x[i + k];
       const float rr = elem::scale2(std::fabs(a), e) * enc;
       uint8_t z;
       int32_t q;
-      elem::nat_round(rr, a < 0, rng::to_unit(r.v[k]), levels, bits, &z, &q);
+      elem::nat_round(rr, a < 0, rng::round_unit(rng::round_bits(r, k)), levels, bits, &z, &q);
       if (idx) idx[i + k] = z;
       if (val) val[i + k] = q;
     }

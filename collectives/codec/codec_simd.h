@@ -55,11 +55,13 @@ void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::St
 void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
                            uint64_t blk, const float* sub, float* out);
 
-// THC stochastic rounding of n (a multiple of 4) rotated values: y = work[i] * enc,
-// v = thc_grid(y), thc_round(v, u_i) with u_i the own-stream draw of element i of block blk.
-// Writes indices and/or values (either may be null).
+// THC stochastic rounding of n rotated values: y = work[i] * enc, v = thc_grid(y),
+// thc_round(v, u_i) with u_i the own-stream rounding uniform of element i of block blk
+// (philox.h: rng::round_unit of the 16 bits rng::round_bits of group i / 8).
+// Writes indices and/or values (either may be null). prefetch (may be null, need not be valid
+// memory): n floats the caller reads next, fetched towards L2 while the rounding computes.
 void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val);
+                  uint64_t blk, uint8_t* idx, int32_t* val, const float* prefetch = nullptr);
 void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
                          uint64_t blk, uint8_t* idx, int32_t* val);
 

@@ -132,7 +132,7 @@ HWY_INLINE void Philox10Q2(D64 d64, const PhiloxFamily& f, V ctr0, V ctr1, V* x0
 }
 
 // Philox results (low dwords of x0..x3) of the counters of one vector -> two u32 vectors in
-// element order, given the lane assignment of PhiloxElems4.
+// group order, given the lane assignment of PhiloxElems4.
 template <class D32, class V = hn::Vec<hn::Repartition<uint64_t, D32>>>
 HWY_INLINE void PhiloxToElems(D32 d32, V x0, V x1, V x2, V x3, hn::Vec<D32>* lo, hn::Vec<D32>* hi) {
   const hn::Repartition<uint64_t, D32> d64;
@@ -152,12 +152,12 @@ HWY_INLINE hn::Vec<D64> PhiloxLanePattern(D64 d64) {
   return hn::Add(hn::ShiftRight<1>(io), hn::IfThenElseZero(hn::Eq(hn::And(io, one), one), hn::Set(d64, N64 / 2)));
 }
 
-// Draws of 4 Lanes(d32) consecutive elements starting at element 4 g0 of the family, in
-// element order (element 4 g + j gets word j of group g, as draw4): r0 holds elements
-// 4 g0 .. 4 g0 + Lanes(d32) - 1, r1 the next Lanes(d32), and so on. Counter lanes are assigned
-// so that one 64-bit interleave per output vector puts the words in place: in counter vector k,
-// lane 2i holds group g0 + k N64 + i and lane 2i + 1 group g0 + k N64 + N64 / 2 + i
-// (N64 = Lanes(d32) / 2). pat = PhiloxLanePattern.
+// The words of the Lanes(d32) groups g0 .. g0 + Lanes(d32) - 1 of the family, in order: the
+// concatenation r0 r1 r2 r3 holds word w of group g0 + i at position 4 i + w (what draw4 returns
+// for each group, one after the other). Counter lanes are assigned so that one 64-bit interleave
+// per output vector puts the words in place: in counter vector k, lane 2i holds group
+// g0 + k N64 + i and lane 2i + 1 group g0 + k N64 + N64 / 2 + i (N64 = Lanes(d32) / 2).
+// pat = PhiloxLanePattern.
 template <class D32, class V32 = hn::Vec<D32>>
 HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repartition<uint64_t, D32>> pat,
                              uint32_t g0, V32* r0, V32* r1, V32* r2, V32* r3) {
@@ -170,6 +170,29 @@ HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Reparti
   Philox10Q2(d64, f, c0, c1, &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
   PhiloxToElems(d32, x0, x1, x2, x3, r0, r1);
   PhiloxToElems(d32, y0, y1, y2, y3, r2, r3);
+}
+
+// Stochastic-rounding bits (philox.h: 16 bits per element, rng::kRoundGroup = 8 elements per
+// call) of 8 Lanes(d32) consecutive elements starting at element 8 g0, zero-extended into u32
+// lanes: f(q, j) for q = 0..7, j holding the bits of elements 8 g0 + q Lanes(d32) .. + Lanes(d32)
+// - 1 in lane order. The words PhiloxElems4 returns, read as little-endian u16, are already the
+// draws in element order: each word vector is split into its lower and upper halves and
+// widened. pat = PhiloxLanePattern.
+template <class D32, class F>
+HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repartition<uint64_t, D32>> pat,
+                              uint32_t g0, F&& fn) {
+  const hn::Repartition<uint16_t, D32> d16;
+  const hn::Half<decltype(d16)> dh;
+  hn::Vec<D32> r0, r1, r2, r3;
+  PhiloxElems4(d32, f, pat, g0, &r0, &r1, &r2, &r3);
+  fn(0, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r0))));
+  fn(1, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r0))));
+  fn(2, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r1))));
+  fn(3, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r1))));
+  fn(4, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r2))));
+  fn(5, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r2))));
+  fn(6, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r3))));
+  fn(7, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r3))));
 }
 
 // Words of groups [g0, g0 + Lanes(d)) in element order: out[4 j + k] = word k of group g0 + j

@@ -108,6 +108,9 @@ Engine::Engine(std::unique_ptr<transport::Reducer> reducer, const thc_config_t& 
     fail(Status::kInvalidArgument, "THC_BLOCK=" + std::to_string(cfg_.block) +
                                        " must be a power of two in 1024..1048576");
   if (cfg_.chunk_bytes < 4) fail(Status::kInvalidArgument, "THC_CHUNK_BYTES must be positive");
+  if (cfg_.threads < 1 || cfg_.threads > 256)
+    fail(Status::kInvalidArgument, "THC_THREADS=" + std::to_string(cfg_.threads) + " must be in 1..256");
+  host_ = std::make_unique<HostCodec>(cfg_.threads);
   // Seed agreement: rank 0's seed wins a MAX in which the others contribute zeros.
   uint64_t mine = cfg_.seed;
   if (mine == 0) {
@@ -396,7 +399,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     const uint64_t m = std::min<uint64_t>(count - first, chunk_blocks * B);
     load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
     std::vector<float> st(std::min(chunk_blocks, nb - b0));
-    finite &= cod.prelude(xbuf.data(), m, st.data());
+    finite &= host_->prelude(cod, xbuf.data(), m, st.data());
     for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
   }
   codec::CallRng rng = plan.rng;
@@ -442,7 +445,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         const uint8_t* sums = s.sums.data() + wire_off * wsz;
         // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
         const bool as_mean = mean || p.contributors != n;
-        cod.decode(lay, b, g, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
+        host_->decode(cod, lay, b, g, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
         if (!mean && p.contributors != n)
           for (uint64_t i = 0; i < m; ++i) obuf[i] *= static_cast<float>(n);
         if (ef && !p.self_counted) {
@@ -487,21 +490,19 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
       load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
-      // Encode block by block so the chunk in flight keeps progressing.
-      uint64_t wire = 0;
-      for (uint64_t k = 0; k < s.nblk; ++k) {
-        const uint64_t blk = b0 + k;
-        codec::Codec::EncodeOut out;
-        if (algo == Algo::kPs) {
-          out.packed = s.packed.data() + wire * cod.index_bits() / 8;
-        } else {
-          out.values = s.sums.data() + wire * wsz;
-        }
-        if (ef) out.residual = ef->residual.data() + blk * B;
-        cod.encode(lay, blk, 1, s.x.data() + k * B, stats.data() + blk, rng, out);
-        wire += lay.wire(blk);
-        if (pending) pending->req->test();
+      // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
+      codec::Codec::EncodeOut out;
+      if (algo == Algo::kPs) {
+        out.packed = s.packed.data();
+      } else {
+        out.values = s.sums.data();
       }
+      if (ef) out.residual = ef->residual.data() + first;
+      host_->encode(cod, lay, b0, s.nblk, s.x.data(), stats.data() + b0, rng, out, [&] {
+        if (pending) pending->req->test();
+      });
+      uint64_t wire = 0;
+      for (uint64_t k = 0; k < s.nblk; ++k) wire += lay.wire(b0 + k);
       wire_total += wire;
       if (algo == Algo::kPs) {
         s.req = reducer_->start_lookup_sum(s.packed.data(), wire, plan.table, s.sums.data(), cod.sum_type(),

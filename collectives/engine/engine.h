@@ -12,6 +12,7 @@
 #include "collectives/codec/codec.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
+#include "collectives/engine/host_codec.h"
 #include "thc/thc.h"
 #include "transport/reducer.h"
 
@@ -128,6 +129,7 @@ class Engine {
   EngineStats stats_;
   transport::Reducer::WireCounters wire_seen_;  // the reducer's counters at the last call
   std::unique_ptr<DeviceSession> device_;  // opened on the first call with device buffers
+  std::unique_ptr<HostCodec> host_;        // the host path's codec scratch and THC_THREADS workers
 
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
 };

@@ -48,8 +48,9 @@ const std::vector<Knob>& knobs() {
       THC_KNOB_STR("THC_DPDK_EAL", dpdk_eal, "", "dpdk:// aggregator client: DPDK EAL arguments (e.g. --no-huge -m 512 --no-pci --file-prefix=w0 --vdev=net_af_packet0,iface=eth1)"),
       THC_KNOB_STR("THC_DPDK_LOCAL", dpdk_local, "", "dpdk:// aggregator client: this worker's IPv4 address[:UDP port] (no port: 40000 + rank); A.B.C.D+ = A.B.C.D + rank"),
       THC_KNOB("THC_DPDK_PORT_ID", kInt, dpdk_port_id, "0", nullptr, "dpdk:// aggregator client: DPDK port id"),
-      THC_KNOB_STR("THC_COLLNET_AGGREGATOR", collnet_aggregator, "", "NCCL plugin (libnccl-net-thc.so): aggregator address(es) of CollNet allreduces, handed to the aggregator client unchanged (e.g. udp://10.0.0.1:4791); empty: no CollNet device"),
+      THC_KNOB_STR("THC_COLLNET_AGGREGATOR", collnet_aggregator, "", "NCCL plugin (libnccl-net-thc.so): aggregator address(es) of CollNet allreduces, handed to the aggregator client unchanged (e.g. udp://10.0.0.1:9471); empty: no CollNet device"),
       THC_KNOB("THC_COLLNET_SCHEME", kEnum, collnet_scheme, "thc", "thc=0|uhc=1|cnat=2|dnat=3", "NCCL plugin: compression of CollNet allreduces (THC, uniform THC, Cnat, natural dithering)"),
+      THC_KNOB("THC_THREADS", kInt, threads, "1", nullptr, "host codec threads per rank for prelude, encode and decode (1..256; 1 = the calling thread only, right when ranks share the cores)"),
   };
   return table;
 }

@@ -103,6 +103,7 @@ typedef struct thc_config {
   int dpdk_port_id;      /* THC_DPDK_PORT_ID: DPDK port of a dpdk:// aggregator client */
   char collnet_aggregator[512]; /* THC_COLLNET_AGGREGATOR: NCCL plugin: aggregator address(es); "" = no CollNet */
   int collnet_scheme;    /* THC_COLLNET_SCHEME: NCCL plugin: thc_scheme_t of CollNet allreduces */
+  int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;

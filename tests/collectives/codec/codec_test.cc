@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "collectives/codec/codec.h"
@@ -134,6 +136,35 @@ TEST(Codec, UnbiasedOverRoundsForEveryScheme) {
     // Unbiased: E||mean - x||^2 = single / R. A biased codec would leave a floor that does not
     // shrink with R; 2x the variance bound over 1500 coordinates is far outside chance.
     EXPECT_LT(err, 2.0 * single / R) << scheme_name(p.scheme) << " single-round error " << single;
+  }
+}
+
+// The rounding contract of philox.h: element k of a group takes the k-th little-endian u16 of the
+// call's 128 bits, and u = (2 j + 1) / 2^17, so that P(u < p) over the 2^16 values of j is p
+// rounded to the nearest multiple of 2^-16 (halves down), exact at 0 and 1.
+TEST(Rng, RoundingDrawsAreSixteenBitMidpoints) {
+  const r123::Philox4x32::ctr_type r = {{0x22221111u, 0x44443333u, 0x66665555u, 0x88887777u}};
+  for (uint32_t k = 0; k < rng::kRoundGroup; ++k)
+    EXPECT_EQ(rng::round_bits(r, k), 0x1111u * (k + 1)) << "element " << k;
+  std::vector<float> u(65536);
+  for (uint32_t j = 0; j < 65536; ++j) {
+    u[j] = rng::round_unit(j);
+    EXPECT_EQ(static_cast<double>(u[j]), (j + 0.5) / 65536.0);
+  }
+  auto p_up = [&](float p) {
+    uint32_t n = 0;
+    for (float x : u) n += x < p ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(p_up(0.0f), 0u);
+  EXPECT_EQ(p_up(1.0f), 65536u);
+  std::mt19937 gen(5);
+  for (int t = 0; t < 200; ++t) {
+    const uint32_t m = gen() % 65536;
+    EXPECT_EQ(p_up(static_cast<float>(m) / 65536.0f), m);              // on the grid: exact
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.5f) / 65536.0f), m);     // a half: down
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.25f) / 65536.0f), m);    // nearest
+    EXPECT_EQ(p_up((static_cast<float>(m) + 0.75f) / 65536.0f), m + 1);
   }
 }
 
@@ -394,6 +425,58 @@ TEST(Codec, ResidualIsInputMinusOwnContribution) {
     c.encode(l, 0, l.nblocks, x.data(), stats.data(), rng, out);
     c.decode(l, 0, l.nblocks, vals.data(), stats.data(), rng, 1, false, dec.data());
     for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(res[i], x[i] - dec[i], 1e-5) << scheme_name(p.scheme);
+  }
+}
+
+// A workspace reused across calls, schemes and block sizes (larger, then smaller, then larger
+// again: it keeps what it held) gives exactly what calls that allocate their own give, whether
+// the caller encodes a call at once or block by block as the engine does.
+TEST(Codec, ReusedWorkspaceMatchesFreshScratch) {
+  Workspace ws;
+  std::vector<Params> ps;
+  for (int lb : {12, 10, 11}) {
+    for (Params p : all_schemes()) {
+      p.block_log2 = lb;
+      ps.push_back(p);
+    }
+  }
+  const auto x = gaussian(5000, 17);
+  for (const Params& p : ps) {
+    Codec c(p, 3);
+    const Layout l = c.layout(x.size());
+    const auto stats = global_stats(c, {x});
+    const size_t w = int_size(c.sum_type());
+    const CallRng rng{8, 1, 4};
+    auto run = [&](Workspace* wsp, bool per_block, std::vector<uint8_t>* packed, std::vector<uint8_t>* vals,
+                   std::vector<float>* res, std::vector<float>* dec) {
+      packed->assign(c.packed_bytes(l.wire_count), 0);
+      vals->assign(l.wire_count * w, 0);
+      res->assign(x.size(), 0.0f);
+      dec->assign(x.size(), 0.0f);
+      uint64_t wire = 0;
+      for (uint64_t b = 0; b < l.nblocks; b += per_block ? 1 : l.nblocks) {
+        const uint64_t nb = per_block ? 1 : l.nblocks;
+        Codec::EncodeOut out;
+        out.packed = packed->data() + wire * c.index_bits() / 8;
+        out.values = vals->data() + wire * w;
+        out.residual = res->data() + b * l.block;
+        c.encode(l, b, nb, x.data() + b * l.block, stats.data() + b, rng, out, wsp);
+        for (uint64_t k = b; k < b + nb; ++k) wire += l.wire(k);
+      }
+      c.decode(l, 0, l.nblocks, vals->data(), stats.data(), rng, 1, true, dec->data(), wsp);
+    };
+    std::vector<uint8_t> p1, v1, p2, v2;
+    std::vector<float> r1, d1, r2, d2;
+    run(nullptr, false, &p1, &v1, &r1, &d1);
+    for (bool per_block : {false, true}) {
+      run(&ws, per_block, &p2, &v2, &r2, &d2);
+      const std::string what = c.describe() + (per_block ? " per block" : " one call");
+      EXPECT_EQ(p1, p2) << what;
+      EXPECT_EQ(v1, v2) << what;
+      EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), d1.size() * 4)) << what;
+    }
+    EXPECT_EQ(ws.block(), uint64_t{1} << 12);
   }
 }
 

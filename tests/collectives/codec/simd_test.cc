@@ -112,6 +112,14 @@ void golden_apply_signs(float* x, uint64_t n, const rng::Stream& shared, uint64_
   }
 }
 
+// Rounding uniform of element k (0..7) of a group (philox.h, written out here independently):
+// the call's 128 bits as eight little-endian u16 j, u = (2 j + 1) / 2^17.
+float golden_unit(const r123::Philox4x32::ctr_type& r, uint64_t k) {
+  const uint32_t word = r.v[k / 2];
+  const uint32_t j = (k % 2 == 0) ? (word & 0xFFFFu) : (word >> 16);
+  return static_cast<float>(2 * j + 1) / 131072.0f;
+}
+
 void golden_pack(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
   if (n == 0) return;
   if (bits == 8) {
@@ -202,11 +210,11 @@ GoldenEncoded golden_encode(const Codec& c, const Layout& lay, const float* x, c
       std::fill(work.begin() + m, work.begin() + w, 0.0f);
       golden_apply_signs(work.data(), w, rng.shared(), blk);
       fwht_scalar(work.data(), w);
-      for (uint64_t i = 0; i < w; i += 4) {
-        const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-        for (uint64_t k = 0; k < 4 && i + k < w; ++k) {
+      for (uint64_t i = 0; i < w; i += 8) {
+        const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 8));
+        for (uint64_t k = 0; k < 8 && i + k < w; ++k) {
           const float v = elem::thc_grid(work[i + k] * bs.enc, t, g2t, g);
-          elem::thc_round(v, rng::to_unit(r.v[k]), c.cells().data(), c.granularity(), &idx[i + k], &val[i + k]);
+          elem::thc_round(v, golden_unit(r, k), c.cells().data(), c.granularity(), &idx[i + k], &val[i + k]);
         }
       }
       const float step = static_cast<float>(2.0 * c.t_p() / c.granularity());
@@ -217,12 +225,12 @@ GoldenEncoded golden_encode(const Codec& c, const Layout& lay, const float* x, c
       golden_apply_signs(work.data(), w, rng.shared(), blk);
       for (uint64_t i = 0; i < m; ++i) res[i] = xb[i] - elem::scale2(work[i], bs.exp);
     } else {
-      for (uint64_t i = 0; i < m; i += 4) {
-        const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 4));
-        for (uint64_t k = 0; k < 4 && i + k < m; ++k) {
+      for (uint64_t i = 0; i < m; i += 8) {
+        const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(i / 8));
+        for (uint64_t k = 0; k < 8 && i + k < m; ++k) {
           const float a = xb[i + k];
           const float rr = elem::scale2(std::fabs(a), -bs.exp) * bs.enc;
-          elem::nat_round(rr, a < 0, rng::to_unit(r.v[k]), c.levels(), c.index_bits(), &idx[i + k], &val[i + k]);
+          elem::nat_round(rr, a < 0, golden_unit(r, k), c.levels(), c.index_bits(), &idx[i + k], &val[i + k]);
         }
       }
       for (uint64_t i = 0; i < m; ++i)
@@ -576,14 +584,18 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
     for (int levels : {1, 2, 7, 15, 31}) {
       for (int e : {-40, -3, 0, 5, 100}) {
         for (uint64_t n : {x.size(), x.size() - 3, uint64_t{5}}) {
-          const int bits = 6;
-          const rng::Stream own{42, 2, 1};
-          std::vector<uint8_t> i1(n), i2(n);
-          std::vector<int32_t> v1(n), v2(n);
-          kern::nat_quantize(x.data(), n, e, 0.75f, levels, bits, own, 9, i1.data(), v1.data());
-          kern::nat_quantize_scalar(x.data(), n, e, 0.75f, levels, bits, own, 9, i2.data(), v2.data());
-          ASSERT_EQ(i1, i2) << "levels " << levels << " e " << e << " n " << n;
-          ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n;
+          for (float enc : {0.75f, 1.0f}) {  // 1: Cnat, whose kernel skips the product
+            const int bits = 6;
+            const rng::Stream own{42, 2, 1};
+            std::vector<uint8_t> i1(n), i2(n), i3(n);
+            std::vector<int32_t> v1(n), v2(n);
+            kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i1.data(), v1.data());
+            kern::nat_quantize_scalar(x.data(), n, e, enc, levels, bits, own, 9, i2.data(), v2.data());
+            ASSERT_EQ(i1, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i3.data(), nullptr);  // codes only
+            ASSERT_EQ(i3, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+          }
         }
       }
     }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -165,6 +166,48 @@ TEST(Engine, IntAndPsAlgorithmsDecodeIdentically) {
     }
     EXPECT_EQ(res[0], res[1]) << "scheme " << scheme;
   }
+}
+
+// THC_THREADS spreads prelude, encode and decode over threads block by block; the result must
+// not depend on it: the same outputs, bit for bit, for every scheme and algorithm, across calls
+// with error feedback (which also checks the residuals) and a tail block.
+TEST(Engine, CodecThreadsDoNotChangeResults) {
+  const int n = 2;
+  const int calls = 3;
+  for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
+    for (int algo = 1; algo <= 2; ++algo) {
+      std::vector<float> res[2];
+      for (int threads : {1, 3}) {
+        thc_config_t cfg = base_config();
+        cfg.algo = algo;
+        cfg.threads = threads;
+        std::vector<std::vector<float>> out(n);
+        auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+          auto in = gaussian(4 * 4096 * 2 + 999, 80 + r);  // several chunks and a tail block
+          out[r].resize(in.size());
+          thc_state_t ef;
+          thc_state_create(&ef);
+          thc_status_t s = THC_SUCCESS;
+          for (int c = 0; c < calls && s == THC_SUCCESS; ++c)
+            s = thc_allreduce_scheme(scheme, in.data(), out[r].data(), in.size(), THC_FLOAT32, THC_OP_AVG, comm, ef);
+          thc_state_destroy(ef);
+          return s;
+        });
+        ASSERT_EQ(st[0], THC_SUCCESS) << thc_last_error();
+        res[threads == 1 ? 0 : 1] = out[1];
+      }
+      EXPECT_EQ(0, std::memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)))
+          << "scheme " << scheme << " algo " << algo;
+    }
+  }
+  thc_config_t bad = base_config();
+  bad.threads = 0;
+  thc_inproc_group_t g;
+  thc_inproc_group_create(1, &g);
+  thc_comm_t comm;
+  EXPECT_EQ(thc_comm_create_inproc(g, 0, &bad, &comm), THC_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(thc_last_error()).find("THC_THREADS"), std::string::npos);
+  thc_inproc_group_destroy(g);
 }
 
 TEST(Engine, AllDtypes) {

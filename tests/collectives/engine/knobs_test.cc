@@ -26,6 +26,7 @@ TEST(Knobs, DefaultsAndEnvironment) {
   EXPECT_EQ(c.granularity, 30);
   EXPECT_DOUBLE_EQ(c.p, 1.0 / 32);
   EXPECT_EQ(c.algo, THC_ALGO_AUTO);
+  EXPECT_EQ(c.threads, 1);  // safe when ranks share the cores
   setenv("THC_P", "1/64", 1);
   setenv("THC_ALGO", "ps", 1);
   setenv("THC_DNAT_NORM", "inf", 1);
