@@ -1302,9 +1302,12 @@ TEST(Attack, GarbageAndWrongVersionsDuringAJob) {
   };
   Counters c0;
   Hooks h;
-  h.between = [&](JobRun&) {
+  h.between = [&](JobRun& r) {
     c0 = snap(agg);
     for (int i = 0; i < 1500; ++i) attacker.send(agg.host(), agg.port(), junk(i, true));
+    // Read by the workers when the next phase starts.
+    for (int i = 0; i < 200 && spoof.ok(); ++i)
+      spoof.send(agg.host(), agg.port(), "127.0.0.1", r.port[i % spec.world], junk(i, false));
   };
   h.during = [&](JobRun& r, const std::atomic<bool>& stop) {
     int i = 0;
