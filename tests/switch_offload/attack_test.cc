@@ -1204,6 +1204,7 @@ TEST(Attack, ReplayedErrorFromAnEarlierAttemptDoesNotStopAWorker) {
   };
   run_job(agg, spec, &run, h);
   expect_exact(spec, run);
+  EXPECT_GE(run.cstats[1].ignored, 5u) << "the recorded error verifies (genuine tag) and must be ignored";
 }
 
 // A JOIN_ACK of an earlier run of the job replayed at a worker while it joins (needs forged source
