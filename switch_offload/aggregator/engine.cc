@@ -297,6 +297,13 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
     send_packet(from, p, n, &jkey, out);  // smaller than the JOIN it answers
     return true;
   }
+  if (j && (j->joined & (uint64_t{1} << h.worker)) && h.seq < j->ctl_nonce[h.worker]) {
+    // A worker's request nonces grow over all its lives (a restarted worker's start from the
+    // clock): an older JOIN is a replay from the worker's own address within the cookie's
+    // lifetime, and must not move the worker's replay window back (old TABLEs would pass again).
+    drop(Drop::kReplay);
+    return true;
+  }
   if (!j) {
     const uint32_t S = std::max<uint32_t>(1, std::min<uint32_t>({b.slots, cfg_.max_slots_per_job,
                                                                  static_cast<uint32_t>(proto::kMaxSlots)}));
@@ -656,11 +663,25 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     reply_error(&j, h, ErrorCode::kBadWorker, j.dkey, (j.joined & bit) ? j.peer[h.worker] : from, out);
     return true;
   }
-  j.heard[h.worker] = now;
-  j.last_active = now;
   const uint64_t S = j.S;
   if (h.slot >= S || h.seq == kEmpty || h.seq % S != h.slot || ((h.seq / S) & 1) != h.shadow) {
     drop(Drop::kBadSlot);
+    return true;
+  }
+  const uint32_t idx = static_cast<uint32_t>(h.slot) * 2u + h.shadow;
+  Shadow& sh = j.sh(idx);
+  // Older than its slot's current use: a delayed duplicate, or a recording replayed by somebody
+  // who sniffed it (its tag is genuine). It is checked first, against nothing but the slot, so
+  // that it neither draws an error about state that has moved on since (a recycled table id)
+  // nor touches that state (op records, when the worker was last heard).
+  if (sh.seq != kEmpty && sh.seq > h.seq) {
+    if (!(j.view & bit)) {
+      // A straggler outside the view whose slot was reused: its result is gone for good.
+      stats_->left_behind.add();
+      reply_error(&j, h, ErrorCode::kLeftBehind, j.dkey, j.peer[h.worker], out);
+      return true;
+    }
+    drop(Drop::kStale);
     return true;
   }
   if (h.lanes != proto::lanes_for(h.type, h.enc, h.bits, j.L, j.budget)) {
@@ -668,7 +689,9 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     reply_error(&j, h, ErrorCode::kConfigMismatch, j.dkey, j.peer[h.worker], out);
     return true;
   }
-  if (h.type == MsgType::kDataIndex) {
+  // A duplicate of a finished use only gets the stored result: the table it was summed with may
+  // have been replaced since (ids are recycled once every op using them is done).
+  if (h.type == MsgType::kDataIndex && !(sh.seq == h.seq && sh.state == kDone)) {
     const Table& t = j.tables[h.aux];
     if (!t.valid || t.bits != h.bits || t.sum != h.enc) {
       drop(Drop::kNoTable);
@@ -691,8 +714,6 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     r.first_seq = h.seq;
     r.is_max = h.type == MsgType::kDataMax;
   }
-  const uint32_t idx = static_cast<uint32_t>(h.slot) * 2u + h.shadow;
-  Shadow& sh = j.sh(idx);
   if (sh.seq == kEmpty || sh.seq < h.seq) {
     // Opening the next use of this shadow set.
     if (sh.seq != kEmpty) {
@@ -727,15 +748,6 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     sh.rw = static_cast<uint8_t>(h.type == MsgType::kDataMax ? 4 : proto::wire_int_bytes(h.enc));
     std::memset(sh.reg, 0, static_cast<size_t>(h.lanes) * sh.rw);
     j.open.push_back(OpenRef{idx, h.seq});
-  } else if (sh.seq > h.seq) {
-    if (!(j.view & bit)) {
-      // A straggler outside the view whose slot was reused: its result is gone for good.
-      stats_->left_behind.add();
-      reply_error(&j, h, ErrorCode::kLeftBehind, j.dkey, j.peer[h.worker], out);
-      return true;
-    }
-    drop(Drop::kStale);
-    return true;
   }
   if (sh.op != h.op || sh.type != h.type || sh.enc != h.enc || sh.bits != h.bits || sh.count != h.count ||
       (h.type == MsgType::kDataIndex && sh.table != h.aux)) {
@@ -746,6 +758,12 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
   if (h.flags & proto::kFlagRetransmit) stats_->retransmissions.add();
   const bool was_seen = (sh.seen & bit) != 0;
   sh.seen |= bit;
+  // Liveness (stuck-op recovery, idle expiry) follows first copies only: a copy of a packet
+  // already seen may be anybody's recording, and would keep a dead worker or job alive.
+  if (!was_seen) {
+    j.heard[h.worker] = now;
+    j.last_active = now;
+  }
   if (sh.state == kDone) {
     if (!(sh.counted & bit) && !was_seen) stats_->late_not_counted.add();
     send_result(j, idx, bit, was_seen, out);

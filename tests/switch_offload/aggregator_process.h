@@ -1,7 +1,7 @@
-// Test support: run a real thc-aggregator process on 127.0.0.1 and an ephemeral port with a key
-// file of its own (operator key id 0, tenant key id 1), query its counters over the protocol, stop
-// it with a signal. Also a tiny raw UDP socket for sending hand-made (including malformed)
-// datagrams.
+// Test support: run a real thc-aggregator process on 127.0.0.1 (or another local IPv4 address) and
+// an ephemeral port with a key file of its own (operator key id 0, tenant keys 1 and 2), query its
+// counters over the protocol, stop it with a signal. Also a tiny raw UDP socket for sending
+// hand-made (including malformed) datagrams.
 #pragma once
 
 #include <arpa/inet.h>
@@ -89,14 +89,16 @@ inline std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-// Unconnected UDP socket on 127.0.0.1 for hand-made datagrams.
+// Unconnected UDP socket for hand-made datagrams, bound to `ip` (an IPv4 address) and sending to
+// that same address.
 class RawUdp {
  public:
-  RawUdp() {
+  explicit RawUdp(const std::string& ip = "127.0.0.1") {
     fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (::inet_pton(AF_INET, ip.c_str(), &ip_) != 1) throw std::runtime_error("RawUdp: not an IPv4 address: " + ip);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_addr = ip_;
     ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
   }
   ~RawUdp() { ::close(fd_); }
@@ -106,7 +108,7 @@ class RawUdp {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_addr = ip_;
     (void)::sendto(fd_, p.data(), p.size(), 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
   }
   // Next datagram within ms milliseconds (empty if none).
@@ -121,6 +123,7 @@ class RawUdp {
 
  private:
   int fd_ = -1;
+  in_addr ip_{};
 };
 
 // The keys every test aggregator holds: fixed, so tests can make packets by hand.
@@ -148,12 +151,14 @@ class TestKeyFile {
 
 class AggregatorProcess {
  public:
-  explicit AggregatorProcess(std::vector<std::string> extra = {}, int threads = 1) {
+  // bind: the IPv4 address the aggregator listens on (url() and stats() use it).
+  explicit AggregatorProcess(std::vector<std::string> extra = {}, int threads = 1, std::string bind = "127.0.0.1")
+      : bind_(std::move(bind)) {
     const std::string bin = env_or("THC_AGGREGATOR_BIN", THC_AGGREGATOR_BIN);
     port_file_ = temp_path("port");
     log_ = temp_path("log");
     std::vector<std::string> argv = {bin, "--key-file", keys_.path(), "--port", "0", "--port-file", port_file_,
-                                     "--threads", std::to_string(threads), "--bind", "127.0.0.1", "--stats-interval",
+                                     "--threads", std::to_string(threads), "--bind", bind_, "--stats-interval",
                                      "0", "--seed", "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = spawn(argv, log_);
@@ -181,7 +186,8 @@ class AggregatorProcess {
   const std::string& key_file() const { return keys_.path(); }
   // THC_AGGREGATOR_KEY_FILE=... for a worker process of this aggregator.
   std::string key_env() const { return "THC_AGGREGATOR_KEY_FILE=" + keys_.path(); }
-  std::string url() const { return "udp://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return "udp://" + bind_ + ":" + std::to_string(port_); }
+  const std::string& host() const { return bind_; }
   std::string output() const { return slurp(log_); }
 
   // Signal and reap; returns the exit status as waitpid reports it (-1: had to be killed).
@@ -196,7 +202,7 @@ class AggregatorProcess {
   // Server-wide counters (stats_names() order) via a STATS request.
   std::vector<uint64_t> stats() {
     using namespace thc::switch_offload::proto;
-    RawUdp s;
+    RawUdp s(bind_);
     for (int attempt = 0; attempt < 50; ++attempt) {
       Header h;
       h.type = MsgType::kStats;
@@ -223,6 +229,7 @@ class AggregatorProcess {
   uint64_t stat(const std::string& name) { return thc::switch_offload::stats_get(stats(), name); }
 
  private:
+  std::string bind_;
   TestKeyFile keys_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;

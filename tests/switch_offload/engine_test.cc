@@ -231,10 +231,11 @@ TEST_F(EngineTest, JoinRejectsMismatch) {
   JobId j = job(5, 3);
   join_all(&j, 3, 8, 0);
   JoinParams p = params(2, 8, 0);  // other quorum
-  feed(0, make_join(j, 0, p));
+  // A worker's later requests carry larger nonces (an older JOIN would be a replay).
+  feed(0, make_join(j, 0, p, ++nonce_));
   auto ch = sink.take();
   p.cookie = ch.at(0).payload.data();
-  feed(0, make_join(j, 0, p));
+  feed(0, make_join(j, 0, p, ++nonce_));
   auto r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.type, MsgType::kError);

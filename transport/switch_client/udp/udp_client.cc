@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <limits>
 #include <vector>
@@ -131,8 +132,12 @@ struct UdpReducer::Impl {
   TableEntry tables[proto::kTableIds];
   uint64_t table_clock = 0;
 
-  // Control round trips (JOIN/TABLE/LEAVE) wait for a reply with their nonce.
+  // Control round trips (JOIN/TABLE/LEAVE) wait for a reply with their nonce. Nonces grow over
+  // every life of this worker and never repeat an earlier one's: they start from the wall clock
+  // (ns), so neither the aggregator's replay check on JOINs rejects a restarted worker nor does a
+  // recorded reply to an earlier process (JOIN_ACK, ERROR) match a request of this one.
   uint64_t ctl_nonce = 0;
+  bool ctl_pending = false;
   bool ctl_have = false;
   proto::Header ctl_hdr;
   std::vector<uint8_t> ctl_payload;
@@ -218,19 +223,28 @@ struct UdpReducer::Impl {
     next_rto_check = kNever;
   }
 
-  void on_error(const proto::Header& h) {
+  // data_key: the error verified under the data key (an answer to a data or TABLE/LEAVE packet);
+  // else under the join key (an answer to a JOIN).
+  void on_error(const proto::Header& h, bool data_key) {
     const auto code = static_cast<proto::ErrorCode>(h.aux);
-    const bool ctl = h.seq == ctl_nonce && h.op == 0 && h.slot == 0;
+    // An error answers one request: the control request in progress, or a data packet in flight.
+    // Anything else is a late duplicate or a recording of an earlier answer (replayed to stop
+    // this worker), and is ignored.
+    const bool ctl = ctl_pending && h.seq == ctl_nonce && h.op == 0 && h.slot == 0 && h.shadow == 0;
+    bool data = false;
+    if (data_key && S > 0 && h.seq >= base && h.seq < sent_end) {
+      const Pkt& k = ring[h.seq % S];
+      data = k.seq == h.seq && !k.done && k.op && k.op->id == h.op;
+    }
+    if (!ctl && !data) {
+      st.ignored++;
+      return;
+    }
     std::string what = std::string("aggregator rejected ") + (ctl ? "a request" : "packet seq " + std::to_string(h.seq)) +
                        ": " + proto::error_code_name(code);
     Status s = Status::kTransport;
     switch (code) {
       case proto::ErrorCode::kLeftBehind: {
-        // Only an error about a packet still in flight matters (a late duplicate's is stale).
-        if (h.seq < base || h.seq >= sent_end) {
-          st.ignored++;
-          return;
-        }
         st.left_behind++;
         need_rejoin = true;
         fail_inflight(Status::kLeftBehind,
@@ -266,19 +280,21 @@ struct UdpReducer::Impl {
     // Join-phase replies are tagged with the join key, everything else with the data key (an
     // ERROR with either, depending on what it answers); what does not verify is somebody else's
     // (or forged) and ignored, never acted upon.
-    bool ok;
-    if (h.type == proto::MsgType::kChallenge || h.type == proto::MsgType::kJoinAck)
+    bool ok, data_key = false;
+    if (h.type == proto::MsgType::kChallenge || h.type == proto::MsgType::kJoinAck) {
       ok = auth::verify(jkey, p, n);
-    else if (h.type == proto::MsgType::kError)
-      ok = (seed != 0 && auth::verify(dkey, p, n)) || auth::verify(jkey, p, n);
-    else
+    } else if (h.type == proto::MsgType::kError) {
+      data_key = seed != 0 && auth::verify(dkey, p, n);
+      ok = data_key || auth::verify(jkey, p, n);
+    } else {
       ok = seed != 0 && auth::verify(dkey, p, n);
+    }
     if (!ok) {
       st.bad_tags++;
       return;
     }
     switch (h.type) {
-      case proto::MsgType::kError: return on_error(h);
+      case proto::MsgType::kError: return on_error(h, data_key);
       case proto::MsgType::kChallenge:
       case proto::MsgType::kJoinAck:
       case proto::MsgType::kTableAck:
@@ -639,6 +655,7 @@ struct UdpReducer::Impl {
     check_broken();
     ++ctl_nonce;
     ctl_have = false;
+    ctl_pending = true;
     proto::Header h;
     h.type = type;
     h.job = job;
@@ -672,7 +689,10 @@ struct UdpReducer::Impl {
         rto = std::min(rto * 2, opt.rto_max_ms * 1000.0 * 5);
       }
       progress();
-      if (ctl_have) return ctl_hdr;
+      if (ctl_have) {
+        ctl_pending = false;
+        return ctl_hdr;
+      }
       now = mono_us();
       const uint64_t due = std::min(next, next_due(now));
       if (!ch->pending()) ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
@@ -929,6 +949,9 @@ UdpReducer::UdpReducer(const UdpClientOptions& o, std::unique_ptr<DatagramChanne
   const uint64_t stream = static_cast<uint64_t>(opt.rank) * 2 + static_cast<uint64_t>(opt.shard) * 1024;
   m.tx_fault = FaultInjector(opt.fault, 1000 + stream);
   m.rx_fault = FaultInjector(opt.fault, 1001 + stream);
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  m.ctl_nonce = static_cast<uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(now.tv_nsec);
   m.job = proto::make_job_id(opt.key.id, opt.job_label);
   m.jkey = auth::join_key(opt.key, m.job);
   m.ch = channel ? std::move(channel) : make_udp_channel(opt.address);
