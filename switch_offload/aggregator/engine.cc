@@ -81,6 +81,11 @@ struct Engine::Shadow {
   uint8_t table = 0;
   uint8_t state = kFree;
   uint8_t rw = 4;            // register width in bytes: the sum type's (4 for the MAX prelude)
+  // Per worker: 1 + the newest attempt number seen, and 1 + the newest one answered. A finished
+  // slot answers a packet only for an attempt it has not answered yet: a recorded packet replayed
+  // (whatever its source) draws no more than the one reply its genuine copy drew.
+  uint8_t seen_attempt[proto::kMaxWorkers] = {};
+  uint8_t answered[proto::kMaxWorkers] = {};
   uint8_t* reg = nullptr;    // job.L registers of up to 4 bytes (lanes.h)
 };
 
@@ -225,7 +230,7 @@ void Engine::reply_error(const Job* j, const Header& h, ErrorCode code, const au
   send_packet(to, b, sizeof b, &key, out);
 }
 
-bool Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now, Sink& out) {
+Handled Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now, Sink& out) {
   stats_->rx_packets.add();
   stats_->rx_bytes.add(len);
   Header h;
@@ -235,11 +240,11 @@ bool Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint6
   if (e != proto::ParseError::kOk) {
     // No reply of any kind: an unauthenticated source learns nothing (not even our version).
     drop(static_cast<Drop>(static_cast<int>(e) - 1));
-    return false;
+    return Handled::kDropped;
   }
   if (h.shard >= cfg_.shards) {
     drop(Drop::kBadField);
-    return false;
+    return Handled::kDropped;
   }
   switch (h.type) {
     case MsgType::kJoin: return on_join(h, data, len, pl, plen, from, now, out);
@@ -249,11 +254,11 @@ bool Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint6
     case MsgType::kDataValue:
     case MsgType::kDataIndex:
     case MsgType::kDataMax: return on_data(h, data, len, pl, from, now, out);
-    default: drop(Drop::kWrongDirection); return false;
+    default: drop(Drop::kWrongDirection); return Handled::kDropped;
   }
 }
 
-bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
                      const PeerAddr& from, uint64_t now, Sink& out) {
   const uint32_t kid = proto::job_key_id(h.job);
   const auth::Key* tenant = kid == auth::kOperatorKeyId ? nullptr : keys_->find(kid);
@@ -266,17 +271,17 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
     jkey = auth::join_key(*tenant, h.job);
   } else {
     drop(Drop::kBadTag);
-    return false;
+    return Handled::kDropped;
   }
   if (!auth::verify(jkey, data, len)) {
     drop(Drop::kBadTag);
-    return false;
+    return Handled::kDropped;
   }
   proto::JoinBody b;
   const proto::ParseError e = proto::parse_join(pl, plen, h.nworkers, &b);
   if (e != proto::ParseError::kOk) {
     drop(static_cast<Drop>(static_cast<int>(e) - 1));
-    return true;
+    return Handled::kAuthentic;
   }
   // Return routability: only a JOIN carrying the cookie of its own source address changes state,
   // so a replayed JOIN from a spoofed address cannot redirect a worker's results.
@@ -295,14 +300,14 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
     n += proto::kCookieBytes;
     stats_->challenges.add();
     send_packet(from, p, n, &jkey, out);  // smaller than the JOIN it answers
-    return true;
+    return Handled::kAuthentic;
   }
   if (j && (j->joined & (uint64_t{1} << h.worker)) && h.seq < j->ctl_nonce[h.worker]) {
     // A worker's request nonces grow over all its lives (a restarted worker's start from the
     // clock): an older JOIN is a replay from the worker's own address within the cookie's
     // lifetime, and must not move the worker's replay window back (old TABLEs would pass again).
     drop(Drop::kReplay);
-    return true;
+    return Handled::kAuthentic;
   }
   if (!j) {
     const uint32_t S = std::max<uint32_t>(1, std::min<uint32_t>({b.slots, cfg_.max_slots_per_job,
@@ -315,7 +320,7 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
     if (L < proto::kLaneQuantum || !budget_->reserve(fp, src)) {
       drop(Drop::kNoResources);
       reply_error(nullptr, h, ErrorCode::kNoResources, jkey, from, out);
-      return true;
+      return Handled::kAuthentic;
     }
     auto nj = std::make_unique<Job>();
     nj->key = JobKey{h.job, h.shard};
@@ -344,7 +349,7 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
              b.payload_budget < j->budget) {
     drop(Drop::kConfigMismatch);
     reply_error(j, h, ErrorCode::kConfigMismatch, jkey, from, out);
-    return true;
+    return Handled::kAuthentic;
   }
   const uint64_t bit = uint64_t{1} << h.worker;
   j->joined |= bit;
@@ -401,19 +406,19 @@ bool Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uin
   size_t n = proto::write_header(r, p, buf_.size());
   n += proto::write_join_ack(a, p + n, buf_.size() - n);
   send_packet(from, p, n, &jkey, out);
-  return true;
+  return Handled::kJoined;
 }
 
-bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
                         const PeerAddr& from, uint64_t now, Sink& out) {
   Job* j = find(h.job, h.shard);
   if (!j) {
     drop(Drop::kUnknownJob);  // unverifiable: no reply
-    return false;
+    return Handled::kDropped;
   }
   if (!auth::verify(j->dkey, data, len)) {
     drop(Drop::kBadTag);
-    return false;
+    return Handled::kDropped;
   }
   const uint64_t bit = uint64_t{1} << h.worker;
   if (h.nworkers != j->n || !(j->joined & bit)) {
@@ -421,14 +426,14 @@ bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const 
     // so the (header-sized, never larger) error goes to the source.
     drop(Drop::kBadWorker);
     reply_error(j, h, ErrorCode::kBadWorker, j->dkey, (j->joined & bit) ? j->peer[h.worker] : from, out);
-    return true;
+    return Handled::kAuthentic;
   }
   // Control nonces grow per worker; the same nonce again is a retransmission (its ack was lost)
   // and is answered again without acting twice; an older one is a replay.
   const bool repeat = h.seq == j->ctl_nonce[h.worker];
   if (h.seq < j->ctl_nonce[h.worker]) {
     drop(Drop::kReplay);
-    return true;
+    return Handled::kAuthentic;
   }
   j->heard[h.worker] = now;
   j->last_active = now;
@@ -444,7 +449,7 @@ bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const 
     const proto::ParseError e = proto::parse_table(pl, plen, &t);
     if (e != proto::ParseError::kOk) {
       drop(static_cast<Drop>(static_cast<int>(e) - 1));
-      return true;
+      return Handled::kAuthentic;
     }
     if (!repeat) {
       // Re-installing an id is safe without a barrier: a client only recycles an id after its own
@@ -460,7 +465,7 @@ bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const 
     uint8_t b[proto::kHeaderBytes];
     proto::write_header(r, b, sizeof b);
     send_packet(to, b, sizeof b, &j->dkey, out);
-    return true;
+    return Handled::kAuthentic;
   }
   // LEAVE
   j->ctl_nonce[h.worker] = h.seq;
@@ -472,10 +477,10 @@ bool Engine::on_control(const Header& h, const uint8_t* data, size_t len, const 
   proto::write_header(r, b, sizeof b);
   send_packet(to, b, sizeof b, &dkey, out);
   if (all_left) free_job(j->key);
-  return true;
+  return Handled::kAuthentic;
 }
 
-bool Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out) {
+Handled Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out) {
   const auth::Key* op = keys_->find(auth::kOperatorKeyId);
   const bool local = cfg_.stats_from_loopback && is_loopback(from);
   auth::TagKey skey;
@@ -486,11 +491,19 @@ bool Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const Pe
   }
   if (!local && !tagged) {
     drop(Drop::kStatsDenied);
-    return false;
+    return Handled::kDropped;
+  }
+  if (tagged) {
+    // Operator nonces grow: a recorded request replayed (from anywhere) draws nothing.
+    if (h.seq <= last_stats_nonce_) {
+      drop(Drop::kReplay);
+      return Handled::kDropped;
+    }
+    last_stats_nonce_ = h.seq;
   }
   std::vector<uint64_t> v = cfg_.stats_snapshot ? cfg_.stats_snapshot() : stats_values(*stats_);
   if (v.size() > proto::kMaxStatsCounters) v.resize(proto::kMaxStatsCounters);
-  if (v.empty()) return true;
+  if (v.empty()) return Handled::kAuthentic;
   Header r;
   r.type = MsgType::kStatsReply;
   r.job = h.job;
@@ -505,7 +518,7 @@ bool Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const Pe
     n += 8;
   }
   send_packet(from, p, n, tagged ? &skey : nullptr, out);
-  return true;
+  return Handled::kAuthentic;
 }
 
 void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, bool subtract) {
@@ -522,7 +535,14 @@ void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, 
 }
 
 void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out) {
-  const Shadow& sh = j.sh(idx);
+  Shadow& sh = j.sh(idx);
+  to_mask &= j.joined;
+  for (uint64_t m = to_mask; m; m &= m - 1) {
+    const int wk = __builtin_ctzll(m);
+    if (sh.answered[wk] >= sh.seen_attempt[wk]) to_mask &= ~(uint64_t{1} << wk);  // answered already
+    else sh.answered[wk] = sh.seen_attempt[wk];
+  }
+  if (!to_mask) return;
   Header r;
   r.type = MsgType::kResult;
   r.job = j.key.id;
@@ -543,7 +563,7 @@ void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Si
   lanes::store(sh.reg, sh.rw, sh.lanes, pay);
   // One payload hash serves every recipient; only the header differs (auth.h).
   const uint64_t ph = auth::payload_hash(j.dkey, pay, plen);
-  for (uint64_t m = to_mask & j.joined; m; m &= m - 1) {
+  for (uint64_t m = to_mask; m; m &= m - 1) {
     const int wk = __builtin_ctzll(m);
     r.worker = static_cast<uint16_t>(wk);
     r.flags = static_cast<uint16_t>((r.contributors < j.n ? proto::kFlagPartial : 0) |
@@ -645,28 +665,28 @@ bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out) {
   return true;
 }
 
-bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
+Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
                      uint64_t now, Sink& out) {
   Job* jp = find(h.job, h.shard);
   if (!jp) {
     drop(Drop::kUnknownJob);  // unverifiable without the job's key: no reply
-    return false;
+    return Handled::kDropped;
   }
   Job& j = *jp;
   if (!auth::verify(j.dkey, data, len)) {
     drop(Drop::kBadTag);
-    return false;
+    return Handled::kDropped;
   }
   const uint64_t bit = uint64_t{1} << h.worker;
   if (h.nworkers != j.n || !(j.joined & bit) || (j.left & bit)) {
     drop(Drop::kBadWorker);
     reply_error(&j, h, ErrorCode::kBadWorker, j.dkey, (j.joined & bit) ? j.peer[h.worker] : from, out);
-    return true;
+    return Handled::kAuthentic;
   }
   const uint64_t S = j.S;
   if (h.slot >= S || h.seq == kEmpty || h.seq % S != h.slot || ((h.seq / S) & 1) != h.shadow) {
     drop(Drop::kBadSlot);
-    return true;
+    return Handled::kAuthentic;
   }
   const uint32_t idx = static_cast<uint32_t>(h.slot) * 2u + h.shadow;
   Shadow& sh = j.sh(idx);
@@ -679,15 +699,15 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
       // A straggler outside the view whose slot was reused: its result is gone for good.
       stats_->left_behind.add();
       reply_error(&j, h, ErrorCode::kLeftBehind, j.dkey, j.peer[h.worker], out);
-      return true;
+      return Handled::kAuthentic;
     }
     drop(Drop::kStale);
-    return true;
+    return Handled::kAuthentic;
   }
   if (h.lanes != proto::lanes_for(h.type, h.enc, h.bits, j.L, j.budget)) {
     drop(Drop::kBadLanes);
     reply_error(&j, h, ErrorCode::kConfigMismatch, j.dkey, j.peer[h.worker], out);
-    return true;
+    return Handled::kAuthentic;
   }
   // A duplicate of a finished use only gets the stored result: the table it was summed with may
   // have been replaced since (ids are recycled once every op using them is done).
@@ -696,7 +716,7 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     if (!t.valid || t.bits != h.bits || t.sum != h.enc) {
       drop(Drop::kNoTable);
       reply_error(&j, h, ErrorCode::kNoTable, j.dkey, j.peer[h.worker], out);
-      return true;
+      return Handled::kAuthentic;
     }
   }
   if (!j.any_op || h.op > j.max_op) j.max_op = h.op;
@@ -719,7 +739,7 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     if (sh.seq != kEmpty) {
       if (sh.seq + 2 * S != h.seq) {
         drop(Drop::kBadSlot);  // a skipped use: no correct worker numbers packets like that
-        return true;
+        return Handled::kAuthentic;
       }
       const Shadow& other = j.sh(idx ^ 1u);
       // Every view member sent seq - S, so each of them holds the result of seq - 2S, the result
@@ -727,11 +747,11 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
       const uint64_t need = j.needed(other.seq);
       if (sh.state != kDone || other.seq + S != h.seq || (other.seen & need) != need) {
         drop(Drop::kSlotBusy);
-        return true;
+        return Handled::kAuthentic;
       }
     } else if (h.seq >= 2 * S) {
       drop(Drop::kBadSlot);  // the first use of a shadow set is seq < 2S
-      return true;
+      return Handled::kAuthentic;
     }
     sh.seq = h.seq;
     sh.op = h.op;
@@ -746,6 +766,8 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     sh.t_open = now;
     sh.state = kOpen;
     sh.rw = static_cast<uint8_t>(h.type == MsgType::kDataMax ? 4 : proto::wire_int_bytes(h.enc));
+    std::memset(sh.seen_attempt, 0, sizeof sh.seen_attempt);
+    std::memset(sh.answered, 0, sizeof sh.answered);
     std::memset(sh.reg, 0, static_cast<size_t>(h.lanes) * sh.rw);
     j.open.push_back(OpenRef{idx, h.seq});
   }
@@ -753,11 +775,14 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
       (h.type == MsgType::kDataIndex && sh.table != h.aux)) {
     drop(Drop::kMismatch);
     reply_error(&j, h, ErrorCode::kConfigMismatch, j.dkey, j.peer[h.worker], out);
-    return true;
+    return Handled::kAuthentic;
   }
   if (h.flags & proto::kFlagRetransmit) stats_->retransmissions.add();
   const bool was_seen = (sh.seen & bit) != 0;
   sh.seen |= bit;
+  const uint8_t attempt1 = static_cast<uint8_t>(std::min<int>(h.attempt, 254) + 1);
+  const bool new_attempt = attempt1 > sh.seen_attempt[h.worker];
+  if (new_attempt) sh.seen_attempt[h.worker] = attempt1;
   // Liveness (stuck-op recovery, idle expiry) follows first copies only: a copy of a packet
   // already seen may be anybody's recording, and would keep a dead worker or job alive.
   if (!was_seen) {
@@ -766,8 +791,12 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
   }
   if (sh.state == kDone) {
     if (!(sh.counted & bit) && !was_seen) stats_->late_not_counted.add();
+    if (!new_attempt) {
+      drop(Drop::kReplay);  // a copy of an attempt already answered: a duplicate or a recording
+      return Handled::kAuthentic;
+    }
     send_result(j, idx, bit, was_seen, out);
-    return true;
+    return Handled::kAuthentic;
   }
   const OpRecord* rec = j.find_op(h.op);
   if (rec && rec->decided && !(rec->members & bit)) {
@@ -778,7 +807,7 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
       stats_->retractions.add();
     }
     if (!was_seen) stats_->late_not_counted.add();
-    send_ack_not_counted(j, h, out);
+    if (new_attempt) send_ack_not_counted(j, h, out);
   } else if (sh.counted & bit) {
     stats_->duplicates.add();
   } else {
@@ -787,7 +816,7 @@ bool Engine::on_data(const Header& h, const uint8_t* data, size_t len, const uin
     stats_->elements.add(h.count);
   }
   try_complete(j, idx, now, out);
-  return true;
+  return Handled::kAuthentic;
 }
 
 void Engine::free_job(const JobKey& key) {

@@ -79,6 +79,13 @@ class Sink {
   virtual void send(const PeerAddr& to, const uint8_t* data, size_t len) = 0;
 };
 
+// What handle() made of a datagram (the DPDK server learns link-layer addresses by it).
+enum class Handled {
+  kDropped,    // malformed, unauthenticated, a replay the engine recognised, or refused silently
+  kAuthentic,  // authenticated (possibly a replay of a genuine datagram)
+  kJoined,     // a JOIN that passed the address cookie: its source has proven it receives there
+};
+
 class Engine {
  public:
   Engine(const EngineConfig& cfg, Stats* stats);
@@ -87,9 +94,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // One datagram from `from`. Never throws on malformed input; drops are counted in stats.
-  // Returns true if the datagram was authenticated (the DPDK server learns link-layer addresses
-  // only from such datagrams).
-  bool handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now_us, Sink& out);
+  Handled handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now_us, Sink& out);
   // Quorum timeouts, stuck-op recovery and idle-job expiry. Call at least every tick_interval_us().
   void tick(uint64_t now_us, Sink& out);
   // 1 ms while some open slot may complete by timeout, else 100 ms.
@@ -115,12 +120,12 @@ class Engine {
   void send_packet(const PeerAddr& to, uint8_t* p, size_t n, const auth::TagKey* key, Sink& out);
   void reply_error(const Job* j, const proto::Header& h, proto::ErrorCode code, const auth::TagKey& key,
                    const PeerAddr& to, Sink& out);
-  bool on_join(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+  Handled on_join(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
                const PeerAddr& from, uint64_t now, Sink& out);
-  bool on_control(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
+  Handled on_control(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
                   const PeerAddr& from, uint64_t now, Sink& out);
-  bool on_stats(const proto::Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out);
-  bool on_data(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
+  Handled on_stats(const proto::Header& h, const uint8_t* data, size_t len, const PeerAddr& from, Sink& out);
+  Handled on_data(const proto::Header& h, const uint8_t* data, size_t len, const uint8_t* pl, const PeerAddr& from,
                uint64_t now, Sink& out);
   Job* find(uint64_t id, uint16_t shard);
   void accumulate(Job& j, Shadow& sh, const proto::Header& h, const uint8_t* pl, bool subtract);
@@ -140,6 +145,7 @@ class Engine {
   std::unordered_map<JobKey, std::unique_ptr<Job>, JobKeyHash> jobs_;
   int64_t memory_ = 0;
   uint64_t last_gc_us_ = 0;
+  uint64_t last_stats_nonce_ = 0;  // operator STATS nonces must grow (a recorded one is a replay)
   std::vector<uint8_t> buf_;
 };
 

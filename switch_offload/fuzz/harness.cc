@@ -206,9 +206,9 @@ int engine_one(const uint8_t* data, size_t size) {
     bool verified;
     if (ctl & 0x40) {
       const std::vector<uint8_t> d = authenticate(client, p, data + off, n);
-      verified = eng.handle(d.data(), d.size(), peer(p), now, sink);
+      verified = eng.handle(d.data(), d.size(), peer(p), now, sink) != Handled::kDropped;
     } else {
-      verified = eng.handle(data + off, n, peer(p), now, sink);
+      verified = eng.handle(data + off, n, peer(p), now, sink) != Handled::kDropped;
     }
     if (!verified && sink.sent != before) violated();  // nothing answers what is not authenticated
     off += n;

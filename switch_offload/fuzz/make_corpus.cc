@@ -67,8 +67,10 @@ void packets() {
   put("packet", "join_table", make_join(j, 1, jp));
   put("packet", "table", make_table(j, 2, thc_table(1)));
   put("packet", "leave", make_leave(j, 3));
-  put("packet", "stats", make_packet(control_header(MsgType::kStats, j, 0, 9), {}, nullptr));
+  put("packet", "stats", make_packet(control_header(MsgType::kStats, j, 0, 9), std::vector<uint8_t>(kStatsRequestBytes, 0), nullptr));
   put("packet", "value_u8", make_values(j, 0, 16, 0, 0, WireInt::kU8, std::vector<uint32_t>(256, 3)));
+  put("packet", "value_u8_resend",
+      as_resend(make_values(j, 0, 16, 0, 0, WireInt::kU8, std::vector<uint32_t>(256, 3)), 2, j));
   put("packet", "value_i16_partial", make_values(j, 1, 16, 17, 2, WireInt::kI16, std::vector<uint32_t>(100, 0xFFFF)));
   put("packet", "value_u32", make_values(j, 2, 16, 5, 1, WireInt::kU32, std::vector<uint32_t>(256, 0x01020304)));
   put("packet", "max_u32", make_values(j, 3, 16, 1, 0, WireInt::kU32, std::vector<uint32_t>(7, 99), MsgType::kDataMax));
@@ -221,8 +223,8 @@ void engine_sessions() {
     frame(&s, 1, 1, make_values(j, 1, S, 0, 0, WireInt::kU8, {3, 4}, MsgType::kDataValue, kL8));
     frame(&s, 0, 1, make_values(j, 0, S, 9, 0, WireInt::kU8, {3, 4}, MsgType::kDataValue, kL8));  // skipped ahead
     frame(&s, 0, 1, make_values(j, 0, S, 1, 1, WireInt::kU8, {3, 4}, MsgType::kDataValue, 256));   // wrong lanes
-    frame(&s, 1, 1, make_packet(control_header(MsgType::kStats, j, 0, 9), {}, nullptr));
-    frame(&s, 3, 1, make_packet(control_header(MsgType::kStats, j, 0, 9), {}, nullptr));
+    frame(&s, 1, 1, make_packet(control_header(MsgType::kStats, j, 0, 9), std::vector<uint8_t>(kStatsRequestBytes, 0), nullptr));
+    frame(&s, 3, 1, make_packet(control_header(MsgType::kStats, j, 0, 9), std::vector<uint8_t>(kStatsRequestBytes, 0), nullptr));
     put("engine", "isolation", s);
   }
   {

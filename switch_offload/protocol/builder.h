@@ -52,6 +52,16 @@ inline Header control_header(MsgType t, const JobId& j, uint16_t worker, uint64_
   return h;
 }
 
+// A STATS request (padded to kStatsRequestBytes): key = the operator's stats key, or null from
+// loopback. seq must grow from request to request (the aggregator refuses replays).
+inline std::vector<uint8_t> make_stats(uint64_t seq, const auth::TagKey* key) {
+  Header h;
+  h.type = MsgType::kStats;
+  h.job = make_job_id(0, 0);
+  h.seq = seq;
+  return make_packet(h, std::vector<uint8_t>(kStatsRequestBytes, 0), key);
+}
+
 struct JoinParams {
   uint16_t quorum = 1;
   uint16_t slots = 8;
@@ -132,6 +142,15 @@ inline std::vector<uint8_t> make_indices(const JobId& j, uint16_t worker, uint32
     if ((bit & 7) + bits > 8) pl[(bit >> 3) + 1] |= static_cast<uint8_t>(codes[i] >> (8 - (bit & 7)));
   }
   return make_packet(h, pl, &j.dkey);
+}
+
+// The k-th resend (k >= 1) of an upstream data packet built above: RETRANSMIT set, attempt k,
+// signed again with the job's data key.
+inline std::vector<uint8_t> as_resend(std::vector<uint8_t> p, uint16_t attempt, const JobId& j) {
+  store_be16(p.data() + 6, static_cast<uint16_t>(load_be16(p.data() + 6) | kFlagRetransmit));
+  store_be16(p.data() + 28, attempt);
+  auth::sign(j.dkey, p.data(), p.size());
+  return p;
 }
 
 }  // namespace thc::switch_offload::proto

@@ -125,6 +125,10 @@ bool known_type(uint8_t t) {
 
 int popcount64(uint64_t v) { return __builtin_popcountll(v); }
 
+bool is_upstream_data(MsgType t) {
+  return t == MsgType::kDataValue || t == MsgType::kDataIndex || t == MsgType::kDataMax;
+}
+
 bool error_code_known(uint32_t c) {
   switch (static_cast<ErrorCode>(c)) {
     case ErrorCode::kUnknownJob: case ErrorCode::kBadWorker: case ErrorCode::kConfigMismatch:
@@ -154,7 +158,7 @@ ParseError check(const Header& h, size_t plen, const uint8_t* payload) {
     case MsgType::kDataIndex:
     case MsgType::kDataMax: {
       if (!workers_ok(h) || !wire_int_valid(h.enc) || !lanes_ok(h) || h.contributors != 0 || h.bitmap != 0 ||
-          (h.flags & ~(kFlagRetransmit | kFlagFirst)) != 0)
+          (h.flags & ~(kFlagRetransmit | kFlagFirst)) != 0 || ((h.flags & kFlagRetransmit) != 0) != (h.attempt > 0))
         return ParseError::kBadField;
       if (h.type == MsgType::kDataIndex) {
         if (h.bits < 1 || h.bits > 8 || h.aux >= kTableIds) return ParseError::kBadField;
@@ -214,7 +218,10 @@ ParseError check(const Header& h, size_t plen, const uint8_t* payload) {
       if (h.lanes != 0 || h.enc != WireInt::kNone || h.bits != 0 || h.count != 0 || h.contributors != 0 || h.bitmap != 0 ||
           h.aux != 0 || h.flags != 0)
         return ParseError::kBadField;
-      return plen == 0 ? ParseError::kOk : ParseError::kBadLength;
+      if (plen != kStatsRequestBytes) return ParseError::kBadLength;
+      for (size_t i = 0; i < plen; ++i)
+        if (payload[i] != 0) return ParseError::kBadField;
+      return ParseError::kOk;
     case MsgType::kStatsReply:
       if (h.aux < 1 || h.aux > kMaxStatsCounters || h.lanes != 0 || h.enc != WireInt::kNone || h.bits != 0 || h.count != 0 ||
           h.contributors != 0 || h.bitmap != 0 || h.flags != 0)
@@ -249,6 +256,11 @@ ParseError parse(const uint8_t* buf, size_t len, Header* h, const uint8_t** payl
   x.bits = buf[25];
   x.count = load_be16(buf + 26);
   x.contributors = load_be16(buf + 28);
+  if (is_upstream_data(x.type)) {
+    // Upstream data carry their attempt number where results carry their contributors.
+    x.attempt = x.contributors;
+    x.contributors = 0;
+  }
   x.shard = load_be16(buf + 30);
   if (x.shard >= kMaxShards) return ParseError::kBadField;
   x.seq = load_be64(buf + 32);
@@ -280,7 +292,7 @@ size_t write_header(const Header& h, uint8_t* out, size_t cap) {
   out[24] = static_cast<uint8_t>(h.enc);
   out[25] = h.bits;
   store_be16(out + 26, h.count);
-  store_be16(out + 28, h.contributors);
+  store_be16(out + 28, is_upstream_data(h.type) ? h.attempt : h.contributors);
   store_be16(out + 30, h.shard);
   store_be64(out + 32, h.seq);
   store_be32(out + 40, h.op);

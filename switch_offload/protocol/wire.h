@@ -39,6 +39,9 @@ constexpr int kTableIds = 4;           // lookup tables a job may hold at once
 constexpr int kMaxTableEntries = 256;  // b <= 8
 constexpr int kMaxStatsCounters = 64;
 constexpr size_t kCookieBytes = 16;
+// A STATS request carries this many zero bytes: as long as the longest reply, so no reply to it is
+// ever larger than the request (no amplification, even when a recorded request is replayed).
+constexpr size_t kStatsRequestBytes = 8 * kMaxStatsCounters;
 // Largest datagram this implementation accepts: header + the largest payload budget it offers.
 constexpr size_t kMaxPacketBytes = kHeaderBytes + kMaxPayloadBudget;
 
@@ -117,7 +120,9 @@ struct Header {
   WireInt enc = WireInt::kNone;
   uint8_t bits = 0;      // index form: b (1..8)
   uint16_t count = 0;    // valid lanes (1..lanes) of a data/result packet
-  uint16_t contributors = 0;
+  uint16_t contributors = 0;  // result: workers counted
+  uint16_t attempt = 0;  // upstream data: 0 for the first transmission, k for the k-th resend
+                         // (the same header bytes as contributors; RETRANSMIT iff attempt > 0)
   uint16_t shard = 0;    // which of the job's instances at this address (< JOIN_ACK shards)
   uint64_t seq = 0;      // data: packet sequence number within the job; control: request nonce
   uint32_t op = 0;       // data: operation sequence number within the job

@@ -37,6 +37,18 @@ inline std::string env_or(const char* name, const char* dflt) {
   return v && *v ? v : dflt;
 }
 
+// A STATS nonce: the aggregator refuses an operator STATS whose nonce does not grow, and every
+// process of a test run shares the clock, so nanoseconds since the epoch (strictly increasing
+// within this process).
+inline uint64_t stats_nonce() {
+  static uint64_t last = 0;
+  uint64_t n = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  if (n <= last) n = last + 1;
+  last = n;
+  return n;
+}
+
 inline std::string temp_path(const std::string& stem) {
   static int counter = 0;
   return "/tmp/thc_switch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + stem;
@@ -204,12 +216,11 @@ class AggregatorProcess {
     using namespace thc::switch_offload::proto;
     RawUdp s(bind_);
     for (int attempt = 0; attempt < 50; ++attempt) {
-      Header h;
-      h.type = MsgType::kStats;
-      h.job = make_job_id(0, 0);
-      h.seq = 1000 + static_cast<uint64_t>(attempt);
+      const uint64_t nonce = stats_nonce();
       const thc::switch_offload::auth::TagKey sk = thc::switch_offload::auth::stats_key(test_key(0));
-      s.send(port_, make_packet(h, {}, &sk));
+      Header h;
+      h.seq = nonce;
+      s.send(port_, make_stats(nonce, &sk));
       for (;;) {
         auto r = s.recv(100);
         if (r.empty()) break;

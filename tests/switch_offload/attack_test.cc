@@ -48,6 +48,7 @@ namespace proto = thc::switch_offload::proto;
 namespace auth = thc::switch_offload::auth;
 using proto::MsgType;
 using thc::test::AggregatorProcess;
+using thc::test::stats_nonce;
 using thc::test::test_key;
 using thc::transport::DatagramChannel;
 using thc::transport::IntType;
@@ -513,7 +514,9 @@ TEST(Attack, AlteredDataPacketsAreDroppedAndChangeNoResult) {
       forged.push_back(flip(p, proto::kHeaderBytes * 8 + rng() % pay_bits));  // payload
       forged.push_back(flip(p, proto::kTagOffset * 8 + rng() % 64));          // tag
       Bytes q = p;
+      // The RETRANSMIT flag and the attempt number (bytes 28..29) both covered by the tag.
       proto::store_be16(&q[6], static_cast<uint16_t>(proto::load_be16(&q[6]) ^ proto::kFlagRetransmit));
+      proto::store_be16(&q[28], static_cast<uint16_t>((proto::load_be16(&q[6]) & proto::kFlagRetransmit) ? 1 : 0));
       forged.push_back(q);
       // The same slot and shadow set one round later: the seq the next phase will use.
       q = p;
@@ -589,6 +592,7 @@ TEST(Attack, ReplayedDataIsNeitherAddedTwiceNorSubtracted) {
       } else {
         Bytes q = s.b;  // a retransmission made up from an original: the flag is under the tag
         proto::store_be16(&q[6], static_cast<uint16_t>(proto::load_be16(&q[6]) | proto::kFlagRetransmit));
+        proto::store_be16(&q[28], 7);  // a made-up attempt number
         attacker.send(agg.host(), agg.port(), q);
         ++reflagged;
       }
@@ -618,9 +622,10 @@ TEST(Attack, ReplayedDataIsNeitherAddedTwiceNorSubtracted) {
   EXPECT_GT(genuine_retx, 0u) << "rank 0 lost packets, so its capture holds genuine retransmissions";
   EXPECT_GT(live, 100u);
   EXPECT_EQ(delta(c1, c0, "drop_bad_tag"), reflagged);
-  // Each valid replay of a finished packet is either stale (its slot moved on) or answered with
-  // the stored result, to the worker's registered address.
-  EXPECT_EQ(delta(c1, c0, "drop_stale") + delta(c1, c0, "result_resends"), replayed);
+  // Each valid replay of a finished packet is stale (its slot moved on) or a copy of an attempt the
+  // aggregator answered already (no reply); only an attempt whose genuine copy was lost on the
+  // way draws the stored result, once, to the worker's registered address.
+  EXPECT_EQ(delta(c1, c0, "drop_stale") + delta(c1, c0, "drop_replay") + delta(c1, c0, "result_resends"), replayed);
   EXPECT_EQ(delta(c1, c0, "elements"), 0u);
   EXPECT_EQ(c2["elements"], 2 * spec.world * wl_elements(spec.count)) << "a replay was counted as a contribution";
   EXPECT_EQ(c2["retractions"], 0u) << "a replay took a contribution back out";
@@ -966,15 +971,16 @@ TEST(Attack, StatsNeedTheOperatorKey) {
     h.type = MsgType::kStats;
     h.job = proto::make_job_id(0, 0);
     h.seq = seq;
-    reqs.push_back(proto::make_packet(h, {}, nullptr));
+    const Bytes pad(proto::kStatsRequestBytes, 0);
+    reqs.push_back(proto::make_packet(h, pad, nullptr));
     const auth::TagKey tenant = auth::stats_key(test_key(1));
     h.job = proto::make_job_id(1, 0);
-    reqs.push_back(proto::make_packet(h, {}, &tenant));
+    reqs.push_back(proto::make_packet(h, pad, &tenant));
     h.job = proto::make_job_id(0, 0);
     const auth::TagKey wrong = auth::stats_key(stranger_key(0));
-    reqs.push_back(proto::make_packet(h, {}, &wrong));
+    reqs.push_back(proto::make_packet(h, pad, &wrong));
     const auth::TagKey op = auth::stats_key(test_key(0));
-    Bytes altered = proto::make_packet(h, {}, &op);
+    Bytes altered = proto::make_packet(h, pad, &op);
     altered[39] ^= 0x80;  // another seq under the operator's tag
     reqs.push_back(altered);
   }
@@ -984,16 +990,21 @@ TEST(Attack, StatsNeedTheOperatorKey) {
   const Counters c1 = snap(agg);
   EXPECT_EQ(attacker.recv_bytes, 0u) << "an unauthenticated STATS learns nothing";
   EXPECT_EQ(delta(c1, c0, "drop_stats_denied"), reqs.size());
-  proto::Header h;
-  h.type = MsgType::kStats;
-  h.job = proto::make_job_id(0, 0);
-  h.seq = 77;
   const auth::TagKey op = auth::stats_key(test_key(0));
-  attacker.send(agg.host(), agg.port(), proto::make_packet(h, {}, &op));
+  const Bytes genuine = proto::make_stats(stats_nonce(), &op);
+  attacker.send(agg.host(), agg.port(), genuine);
   attacker.drain(100);
   ASSERT_EQ(attacker.got.size(), 1u) << "the operator key still works";
   EXPECT_EQ(attacker.got[0][5], static_cast<uint8_t>(MsgType::kStatsReply));
   EXPECT_TRUE(auth::verify(op, attacker.got[0].data(), attacker.got[0].size())) << "the reply is authenticated";
+  EXPECT_LE(attacker.got[0].size(), genuine.size()) << "the reply is no larger than the request";
+  // The operator's request recorded and replayed: its nonce no longer grows, so nothing comes back.
+  const Counters c2 = snap(agg);
+  for (int i = 0; i < 10; ++i) attacker.send(agg.host(), agg.port(), genuine);
+  attacker.drain(100);
+  const Counters c3 = snap(agg);
+  EXPECT_EQ(attacker.got.size(), 1u) << "a replayed operator STATS drew a reply";
+  EXPECT_EQ(delta(c3, c2, "drop_replay"), 10u);
 }
 
 // A local IPv4 address outside 127/8 (this host's own, on an interface that is up), or "".
@@ -1020,11 +1031,7 @@ TEST(Attack, StatsFromANonLoopbackSourceNeedTheOperatorKey) {
   if (ip.empty()) GTEST_SKIP() << "this host has no IPv4 address outside 127/8";
   AggregatorProcess agg({}, 1, ip);
   Sock remote(ip), local("127.0.0.1");
-  proto::Header h;
-  h.type = MsgType::kStats;
-  h.job = proto::make_job_id(0, 0);
-  h.seq = 5;
-  const Bytes plain = proto::make_packet(h, {}, nullptr);
+  const Bytes plain = proto::make_stats(5, nullptr);
   const Counters c0 = snap(agg);
   for (int i = 0; i < 10; ++i) remote.send(ip, agg.port(), plain);
   remote.drain(100);
@@ -1387,11 +1394,14 @@ TEST(Attack, NoReplyIsLargerThanTheDatagramThatDrewIt) {
     sh.type = MsgType::kStats;
     sh.job = proto::make_job_id(0, 0);
     sh.seq = 9;
-    k.reqs.push_back(proto::make_packet(sh, {}, nullptr));
+    k.reqs.push_back(proto::make_packet(sh, Bytes(proto::kStatsRequestBytes, 0), nullptr));
     kinds.push_back(k);
     k = Kind{"replayed operator STATS", {}};
     const auth::TagKey op = auth::stats_key(test_key(0));
-    k.reqs.push_back(proto::make_packet(sh, {}, &op));  // what the operator's monitoring sent
+    // What the operator's monitoring sent (the snapshots of this test), replayed from elsewhere.
+    const Bytes rec = proto::make_stats(stats_nonce(), &op);
+    { Sock monitor; monitor.send(agg.host(), agg.port(), rec); monitor.drain(100); }
+    for (int i = 0; i < 5; ++i) k.reqs.push_back(rec);
     kinds.push_back(k);
     for (const Kind& kind : kinds) {
       Sock victim;

@@ -88,7 +88,9 @@ class EngineTest : public ::testing::Test {
     eng = std::make_unique<Engine>(cfg, &stats);
   }
   bool feed(int from, const std::vector<uint8_t>& p) { return feed_at(addr(from), p); }
-  bool feed_at(const PeerAddr& a, const std::vector<uint8_t>& p) { return eng->handle(p.data(), p.size(), a, now, sink); }
+  bool feed_at(const PeerAddr& a, const std::vector<uint8_t>& p) {
+    return eng->handle(p.data(), p.size(), a, now, sink) != Handled::kDropped;
+  }
   JobId job(uint32_t label, uint16_t n, uint32_t key_id = 1, uint16_t shard = 0) {
     return JobId::make(test_key(key_id), label, n, shard);
   }
@@ -343,12 +345,22 @@ TEST_F(EngineTest, DuplicatesAreIdempotentAndLostResultsAreResent) {
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 0), 11u);
   // Worker 1 lost its result: its retransmission gets the stored one, to it alone.
-  feed(1, make_values(j, 1, 4, 0, 0, WireInt::kU8, {1, 2}));
+  const auto p1_again = as_resend(make_values(j, 1, 4, 0, 0, WireInt::kU8, {1, 2}), 1, j);
+  feed(1, p1_again);
   r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.worker, 1);
   EXPECT_EQ(load_lane(WireInt::kU8, r[0].payload.data(), 1), 22u);
   EXPECT_EQ(stats.result_resends.get(), 1u);
+  // A copy of an attempt already answered (a duplicate in the network, or a recording replayed
+  // by anybody) draws nothing more; the next attempt is answered again.
+  feed(1, p1_again);
+  feed(1, make_values(j, 1, 4, 0, 0, WireInt::kU8, {1, 2}));
+  EXPECT_TRUE(sink.take().empty());
+  EXPECT_EQ(drops(Drop::kReplay), 2u);
+  feed(1, as_resend(make_values(j, 1, 4, 0, 0, WireInt::kU8, {1, 2}), 2, j));
+  EXPECT_EQ(sink.take().size(), 1u);
+  EXPECT_EQ(stats.result_resends.get(), 2u);
 }
 
 TEST_F(EngineTest, ShadowSetIsReusedOnlyAfterEveryWorkerMovedOn) {
@@ -361,8 +373,8 @@ TEST_F(EngineTest, ShadowSetIsReusedOnlyAfterEveryWorkerMovedOn) {
   // result, which shadow 0 keeps. Refused.
   feed(0, make_values(j, 0, 1, 2, 2, WireInt::kU8, {3}));
   EXPECT_EQ(drops(Drop::kSlotBusy), 1u);
-  // Worker 1 lost the result of seq 0: still available.
-  feed(1, make_values(j, 1, 1, 0, 0, WireInt::kU8, {1}));
+  // Worker 1 lost the result of seq 0: still available (to its resend).
+  feed(1, as_resend(make_values(j, 1, 1, 0, 0, WireInt::kU8, {1}), 1, j));
   auto r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.seq, 0u);
@@ -542,7 +554,7 @@ TEST_F(EngineTest, LateContributionAddedBeforeTheDecisionIsRetracted) {
   feed(1, make_values(j, 1, 8, 1, 0, WireInt::kU32, {1, 2}));
   EXPECT_TRUE(sink.take().empty()) << "worker 2's contribution is still in slot 1";
   // Worker 2 retransmits (it has no result): its contribution is taken out again.
-  feed(2, w2_seq1);
+  feed(2, as_resend(w2_seq1, 1, j));
   r = sink.take();
   EXPECT_EQ(stats.retractions.get(), 1u);
   auto res = of_type(r, MsgType::kResult);
@@ -701,18 +713,31 @@ TEST_F(EngineTest, StatsNeedTheOperatorKeyOrLoopback) {
   h.type = MsgType::kStats;
   h.job = make_job_id(0, 0);
   h.seq = 5;
-  EXPECT_FALSE(feed(0, make_packet(h, {}, nullptr)));
+  const std::vector<uint8_t> pad(kStatsRequestBytes, 0);
+  EXPECT_FALSE(feed(0, make_packet(h, pad, nullptr)));
   auto t1 = auth::stats_key(test_key(1));  // a tenant key is not the operator key
-  EXPECT_FALSE(feed(0, make_packet(h, {}, &t1)));
+  EXPECT_FALSE(feed(0, make_packet(h, pad, &t1)));
   EXPECT_TRUE(sink.take().empty());
   EXPECT_EQ(drops(Drop::kStatsDenied), 2u);
+  // Unpadded: a reply larger than the request would amplify; refused by the parser.
   auto op = auth::stats_key(test_key(0));
-  EXPECT_TRUE(feed(0, make_packet(h, {}, &op)));
+  EXPECT_FALSE(feed(0, make_packet(h, {}, &op)));
+  EXPECT_EQ(drops(Drop::kBadLength), 1u);
+  const auto req = make_stats(5, &op);
+  EXPECT_TRUE(feed(0, req));
   auto r = sink.take();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].h.type, MsgType::kStatsReply);
+  EXPECT_LE(r[0].len, req.size());
   EXPECT_TRUE(auth::verify(op, r[0].bytes.data(), r[0].len));
-  EXPECT_TRUE(feed_at(addr(0, 0x7F000001), make_packet(h, {}, nullptr)));
+  // The same nonce again (a recording replayed, from anywhere) or an older one: nothing.
+  EXPECT_FALSE(feed(1, req));
+  EXPECT_FALSE(feed(0, make_stats(4, &op)));
+  EXPECT_TRUE(sink.take().empty());
+  EXPECT_EQ(drops(Drop::kReplay), 2u);
+  EXPECT_TRUE(feed(0, make_stats(6, &op)));
+  EXPECT_EQ(sink.take().size(), 1u);
+  EXPECT_TRUE(feed_at(addr(0, 0x7F000001), make_stats(1, nullptr)));
   EXPECT_EQ(sink.take().size(), 1u);
 }
 

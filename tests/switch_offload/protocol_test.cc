@@ -35,6 +35,7 @@ TEST(SwitchProtocol, HeaderGoldenBytes) {
   const JobId j = job4();
   Header h = data_header(MsgType::kDataIndex, j, 2, 16, 21, 9, WireInt::kU16, 200, 1024, 4, 3);
   h.flags = kFlagRetransmit | kFlagFirst;
+  h.attempt = 3;
   h.shard = 3;
   h.tag = 0x0102030405060708ull;
   uint8_t b[kHeaderBytes];
@@ -47,7 +48,7 @@ TEST(SwitchProtocol, HeaderGoldenBytes) {
       0x80, 0x05,              // slot 21 % 16 = 5, shadow (21/16)&1 = 1
       0x04, 0x00,              // lanes 1024
       0x02, 0x04,              // u16 sums, b = 4
-      0x00, 0xC8, 0x00, 0x00,  // count 200, contributors 0
+      0x00, 0xC8, 0x00, 0x03,  // count 200, attempt 3 (upstream data)
       0x00, 0x03,              // shard 3
       0, 0, 0, 0, 0, 0, 0, 21,  // seq
       0, 0, 0, 9,               // op

@@ -418,10 +418,15 @@ void DpdkServer::process(Lane& l, rte_mbuf** pkts, unsigned n, uint64_t now) {
     sa->sin_addr.s_addr = htonl(c.peer_ip);
     from.len = sizeof(sockaddr_in);
     // Learn the peer's MAC before the engine answers (the reply needs it), but keep it only if the
-    // datagram authenticated: a stranger's frames never redirect a worker's results.
+    // datagram authenticated, and move a known address to a new MAC only for a JOIN that passed
+    // the address cookie: a recorded datagram replayed from another station (authentic, but not
+    // proof of who sends it) never redirects a worker's results. Other datagrams from a known
+    // address are answered at the MAC already learned.
+    const bool is_join = c.payload_len > 5 && c.payload[5] == static_cast<uint8_t>(proto::MsgType::kJoin);
     auto [it, inserted] = l.macs.try_emplace(c.peer_ip, c.peer_mac);
     const frames::Mac previous = it->second;
-    if (!inserted) it->second = c.peer_mac;
+    const bool moved = !inserted && is_join && previous != c.peer_mac;
+    if (moved) it->second = c.peer_mac;  // the CHALLENGE / JOIN_ACK go to the joining station
     if (inserted && l.macs.size() > kMaxMacs) {
       // A flood of verified source addresses: start over rather than grow without bound. Peers
       // of live jobs are relearned from their next frame.
@@ -429,13 +434,12 @@ void DpdkServer::process(Lane& l, rte_mbuf** pkts, unsigned n, uint64_t now) {
       l.macs.emplace(c.peer_ip, c.peer_mac);
       l.mac_table_resets.add();
     }
-    const bool verified = l.engine->handle(c.payload, c.payload_len, from, now, *l.sink);
-    if (!verified) {
+    const Handled r = l.engine->handle(c.payload, c.payload_len, from, now, *l.sink);
+    if (r == Handled::kDropped && inserted) {
+      l.macs.erase(c.peer_ip);
+    } else if (moved && r != Handled::kJoined) {
       auto again = l.macs.find(c.peer_ip);
-      if (again != l.macs.end()) {
-        if (inserted) l.macs.erase(again);
-        else again->second = previous;
-      }
+      if (again != l.macs.end()) again->second = previous;
     }
     rte_pktmbuf_free(m);
   }

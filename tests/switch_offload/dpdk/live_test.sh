@@ -52,8 +52,10 @@ else
 fi
 
 EXP_FILE=$TMP/expected
-ELEMS_PER_RANK=$("$EXPECTED" "$WORLD" "$COUNT" "$EXP_FILE" | awk '/^elements_per_rank/ {print $2}')
-[ -n "$ELEMS_PER_RANK" ] && [ -s "$EXP_FILE" ] || die "thc_wl_expected failed"
+EXP_OUT=$("$EXPECTED" "$WORLD" "$COUNT" "$EXP_FILE")
+ELEMS_PER_RANK=$(printf '%s\n' "$EXP_OUT" | awk '$1 == "elements_per_rank" {print $2}')
+MAX_ELEMS_PER_RANK=$(printf '%s\n' "$EXP_OUT" | awk '$1 == "max_elements_per_rank" {print $2}')
+[ -n "$ELEMS_PER_RANK" ] && [ -n "$MAX_ELEMS_PER_RANK" ] && [ -s "$EXP_FILE" ] || die "thc_wl_expected failed"
 AGG_MAC=$(ip -n "$NSA" link show "$VA" | awk '/link\/ether/ {print $2}')
 [ -n "$AGG_MAC" ] || die "cannot read the MAC of $VA"
 
@@ -142,13 +144,14 @@ run_case() {
   [ -n "$line" ] || { cat "$dir/agg.log"; die "$name: no final stats line"; }
   echo "$line"
   line=" ${line#*final stats: }"
-  local want_elems=$((jobs * WORLD * ELEMS_PER_RANK))
+  # Every job has one instance per worker lcore (JOIN_ACK shards); a MAX op goes to each of them.
+  local shards=$((workers > 0 ? workers : 1))
+  local want_elems=$((jobs * WORLD * (ELEMS_PER_RANK + (shards - 1) * MAX_ELEMS_PER_RANK)))
   [ "$(stat "$line" elements)" = "$want_elems" ] ||
     die "$name: elements=$(stat "$line" elements), the workers contributed $want_elems"
   awk -v e="$want_elems" -v a="$t0" -v b="$t1" \
     'BEGIN { printf "throughput: %d lanes aggregated in %.2f s (workers start to end): %.3g lanes/s\n", e, b - a, e / (b - a) }'
-  # Every job has one instance per worker lcore (JOIN_ACK shards), and the UDP workers use them all.
-  local shards=$((workers > 0 ? workers : 1))
+  # The UDP workers use every instance of their jobs.
   [ "$(stat "$line" jobs_created)" = "$((jobs * shards))" ] ||
     die "$name: jobs_created=$(stat "$line" jobs_created), want $((jobs * shards))"
   [ "$(stat "$line" slots_completed)" -gt 0 ] || die "$name: no slot completed"

@@ -1,7 +1,9 @@
 // thc_wl_expected WORLD COUNT OUTFILE: the exact result bytes every thc_udp_worker of a WORLD-rank
 // job must write for COUNT (tests/transport/switch_client/workload.h, salt 7, the worker's), for
 // scripts that cannot compute them. Prints "elements_per_rank N": the lanes one rank contributes
-// (the sum of the plan's op counts), so an aggregator's `elements` counter can be checked exactly.
+// (the sum of the plan's op counts), so an aggregator's `elements` counter can be checked exactly,
+// and "max_elements_per_rank N": the lanes of its MAX ops, which every instance of a sharded job
+// aggregates.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -26,8 +28,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "thc_wl_expected: cannot write %s\n", argv[3]);
     return 1;
   }
-  uint64_t elements = 0;
-  for (const auto& op : thc::test::wl_plan(count)) elements += op.count;
+  uint64_t elements = 0, max_elements = 0;
+  for (const auto& op : thc::test::wl_plan(count)) {
+    elements += op.count;
+    if (op.kind == thc::test::WlOp::kMax) max_elements += op.count;
+  }
   std::printf("elements_per_rank %llu\n", static_cast<unsigned long long>(elements));
+  // MAX ops go to every instance of a sharded job (each takes all of it): per extra instance.
+  std::printf("max_elements_per_rank %llu\n", static_cast<unsigned long long>(max_elements));
   return 0;
 }

@@ -467,6 +467,9 @@ struct UdpReducer::Impl {
   void resend(Pkt& k, uint64_t now) {
     uint8_t* w = arena.data() + (k.seq % S) * max_dgram;
     proto::store_be16(w + 6, static_cast<uint16_t>(proto::load_be16(w + 6) | proto::kFlagRetransmit));
+    // The attempt number (header bytes 28..29 of upstream data): the aggregator answers each
+    // attempt once, so a recorded copy replayed by somebody else draws nothing.
+    proto::store_be16(w + 28, static_cast<uint16_t>(std::min(k.sends, 65535)));
     proto::store_be64(w + proto::kTagOffset, auth::tag_from_hash(dkey, w, k.plhash));
     send_dgram(w, k.len);
     st.retransmissions++;
