@@ -1,10 +1,13 @@
 #include "transport/inproc/inproc.h"
 
+#include "transport/schedules/schedules.h"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -67,13 +70,48 @@ class InprocGroup {
     if (++s.done == size_) ops_.erase(seq);
   }
 
-  bool ready(uint64_t seq) {
+  long timeout_ms() const { return timeout_ms_; }
+
+  // Point-to-point: a message is copied into the (src, dst, tag) mailbox when sent; receives
+  // take mailbox heads in posting order (MPI's non-overtaking rule).
+  void post(int src, int dst, uint32_t tag, const void* buf, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const uint8_t* b = static_cast<const uint8_t*>(buf);
+      boxes_[Box{src, dst, tag}].emplace_back(b, b + bytes);
+    }
+    cv_.notify_all();
+  }
+  // Takes the head of the (src, dst, tag) mailbox into buf if there is one (false if none);
+  // a size different from the receive's is a schedule mismatch between the ranks.
+  bool take(int src, int dst, uint32_t tag, void* buf, size_t bytes) {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = ops_.find(seq);
-    return it != ops_.end() && it->second.arrived == size_;
+    auto it = boxes_.find(Box{src, dst, tag});
+    if (it == boxes_.end() || it->second.empty()) return false;
+    std::vector<uint8_t>& m = it->second.front();
+    if (m.size() != bytes)
+      fail(Status::kConfigMismatch, "inproc: rank " + std::to_string(dst) + " expected " + std::to_string(bytes) +
+                                        " bytes from rank " + std::to_string(src) + ", got " + std::to_string(m.size()) +
+                                        " on tag " + std::to_string(tag) + " (the ranks started different operations)");
+    if (bytes) std::memcpy(buf, m.data(), bytes);
+    it->second.pop_front();
+    return true;
+  }
+  void idle(uint64_t us) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, std::chrono::microseconds(us));
   }
 
  private:
+  struct Box {
+    int src, dst;
+    uint32_t tag;
+    bool operator<(const Box& o) const {
+      return src != o.src ? src < o.src : dst != o.dst ? dst < o.dst : tag < o.tag;
+    }
+  };
+  std::map<Box, std::deque<std::vector<uint8_t>>> boxes_;
+
   int size_;
   long timeout_ms_;
   std::mutex mu_;
@@ -84,36 +122,9 @@ class InprocGroup {
 
 namespace {
 
-class InprocRequest final : public Request {
+class InprocLink final : public Link {
  public:
-  InprocRequest(InprocGroup* g, uint64_t seq, std::function<void(OpSlot&)> fn)
-      : g_(g), seq_(seq), fn_(std::move(fn)) {}
-  bool test() override { return done_ || g_->ready(seq_); }
-  void wait() override {
-    if (done_) return;
-    g_->complete(seq_, fn_);
-    done_ = true;
-  }
-  ~InprocRequest() override {
-    // A request dropped without wait() (error path) must still release its slot share.
-    if (!done_) {
-      try {
-        g_->complete(seq_, [](OpSlot&) {});
-      } catch (...) {
-      }
-    }
-  }
-
- private:
-  InprocGroup* g_;
-  uint64_t seq_;
-  std::function<void(OpSlot&)> fn_;
-  bool done_ = false;
-};
-
-class InprocReducer final : public Reducer {
- public:
-  InprocReducer(std::shared_ptr<InprocGroup> g, int rank) : g_(std::move(g)), rank_(rank) {
+  InprocLink(std::shared_ptr<InprocGroup> g, int rank) : g_(std::move(g)), rank_(rank) {
     if (rank < 0 || rank >= g_->size())
       fail(Status::kInvalidArgument, "inproc: rank " + std::to_string(rank) + " outside group of " +
                                          std::to_string(g_->size()));
@@ -121,7 +132,8 @@ class InprocReducer final : public Reducer {
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
   std::string name() const override { return "inproc"; }
-  bool applies_downstream() const override { return true; }
+  long timeout_ms() const override { return g_->timeout_ms(); }
+  uint32_t tag_limit() const override { return 32768; }
 
   void max_u32(uint32_t* data, size_t n) override {
     const uint64_t seq = seq_++;
@@ -134,39 +146,70 @@ class InprocReducer final : public Reducer {
     });
   }
 
-  std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) override {
-    const uint64_t seq = seq_++;
-    const size_t nb = count * codec::int_size(type);
-    g_->deposit(seq, rank_, Kind::kSum, count, type, nullptr, data, nb);
-    const int n = g_->size();
-    return std::make_unique<InprocRequest>(g_.get(), seq, [=](OpSlot& s) {
-      std::memcpy(data, s.data[0].data(), nb);
-      for (int r = 1; r < n; ++r) add_ints(type, data, s.data[r].data(), count);
-    });
+  void isend(int peer, uint32_t tag, const void* buf, size_t bytes, Req* req) override {
+    check_peer(peer);
+    g_->post(rank_, peer, tag, buf, bytes);
+    *req = add(Pending{true, peer, tag, nullptr, bytes});  // complete: the bytes were copied
   }
-
-  std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,
-                                            void* sums, IntType type, const DownstreamCodec* down) override {
-    const uint64_t seq = seq_++;
-    const size_t nb = (count * table.bits + 7) / 8;
-    g_->deposit(seq, rank_, Kind::kLookup, count, type, &table, packed, nb);
-    const int n = g_->size();
-    return std::make_unique<InprocRequest>(g_.get(), seq, [=](OpSlot& s) {
-      std::memset(sums, 0, count * codec::int_size(type));
-      for (int r = 0; r < n; ++r) lookup_add(s.table, s.data[r].data(), 0, count, type, sums);
-      if (down) {
-        // Emulate the downstream re-compression exactly as a PS would (rank 0 owns everything).
-        std::vector<uint8_t> enc(down->encoded_bytes(count));
-        down->encode(sums, 0, count, enc.data());
-        down->decode(enc.data(), 0, count, sums);
+  void irecv(int peer, uint32_t tag, void* buf, size_t bytes, Req* req) override {
+    check_peer(peer);
+    *req = add(Pending{false, peer, tag, buf, bytes});
+  }
+  int test_some(Req* reqs, int n, int* done) override {
+    int k = 0;
+    // Receives match messages in posting order: once one finds its mailbox empty, later ones
+    // for the same (peer, tag) wait too, even if a message arrives meanwhile.
+    blocked_.clear();
+    for (int i = 0; i < n; ++i) {
+      if (reqs[i] == kNullReq) continue;
+      auto it = pending_.find(reqs[i]);
+      if (it == pending_.end()) fail(Status::kInternal, "inproc: unknown request");
+      Pending& p = it->second;
+      if (!p.send) {
+        const std::pair<int, uint32_t> key{p.peer, p.tag};
+        if (std::find(blocked_.begin(), blocked_.end(), key) != blocked_.end()) continue;
+        if (!g_->take(p.peer, rank_, p.tag, p.buf, p.bytes)) {
+          blocked_.push_back(key);
+          continue;
+        }
       }
-    });
+      pending_.erase(it);
+      reqs[i] = kNullReq;
+      done[k++] = i;
+    }
+    return k;
   }
+  bool cancel(Req* req) override {
+    pending_.erase(*req);  // nothing is in flight: sends were copied, receives copy when tested
+    *req = kNullReq;
+    return true;
+  }
+  void idle(uint64_t us) override { g_->idle(us); }
 
  private:
+  struct Pending {
+    bool send;
+    int peer;
+    uint32_t tag;
+    void* buf;
+    size_t bytes;
+  };
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= g_->size() || peer == rank_)
+      fail(Status::kInternal, "inproc: bad peer " + std::to_string(peer) + " for rank " + std::to_string(rank_));
+  }
+  Req add(const Pending& p) {
+    const Req id = next_++;
+    pending_.emplace(id, p);
+    return id;
+  }
+
   std::shared_ptr<InprocGroup> g_;
   int rank_;
   uint64_t seq_ = 0;
+  Req next_ = 1;
+  std::map<Req, Pending> pending_;
+  std::vector<std::pair<int, uint32_t>> blocked_;
 };
 
 }  // namespace
@@ -176,8 +219,12 @@ std::shared_ptr<InprocGroup> make_inproc_group(int size, long timeout_ms) {
   return std::make_shared<InprocGroup>(size, timeout_ms);
 }
 
+std::unique_ptr<Link> make_inproc_link(std::shared_ptr<InprocGroup> group, int rank) {
+  return std::make_unique<InprocLink>(std::move(group), rank);
+}
+
 std::unique_ptr<Reducer> make_inproc_reducer(std::shared_ptr<InprocGroup> group, int rank) {
-  return std::make_unique<InprocReducer>(std::move(group), rank);
+  return make_scheduled_reducer(make_inproc_link(std::move(group), rank));
 }
 
 }  // namespace thc::transport

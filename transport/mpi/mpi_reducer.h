@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "transport/link.h"
 #include "transport/reducer.h"
 
 namespace thc::transport {
@@ -20,14 +21,18 @@ namespace thc::transport {
 [[noreturn]] void mpi_fail(int rc, const char* call, const char* file, int line);
 
 // Duplicates comm (so thc traffic never matches the application's) and sets MPI_ERRORS_RETURN
-// on the duplicate. Collective over comm.
+// on the duplicate. Collective over comm. The integer sums run as the point-to-point schedules of
+// transport/schedules over PMPI_Isend/PMPI_Irecv on the duplicate; the prelude's MAX is an
+// MPI_Iallreduce.
 //
 // Every wait (the duplication included) gives up after timeout_ms (THC_TIMEOUT_MS; <= 0: no
-// bound, as in MPI) with kTimeout. MPI can neither cancel nor free a started collective, so the
-// operation stays with MPI: the buffers this backend owns for it are kept for the life of the
-// process, and the communicator refuses every later operation (kTransport), since the ranks are
-// no longer in step. Buffers the caller passed (the engine's sums and codes) are the caller's to
-// keep alive if the missing peer may still join the abandoned operation.
+// bound, as in MPI) with kTimeout, naming the ranks it was waiting for. Receives of an abandoned
+// operation are cancelled; buffers MPI may still touch belong to the backend and are kept for
+// the life of the process (never the caller's), and the communicator refuses every later
+// operation (kTransport), since the ranks are no longer in step.
 std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm, long timeout_ms);
+
+// The point-to-point link alone (for tests and for composing other schedules).
+std::unique_ptr<Link> make_mpi_link(MPI_Comm comm, long timeout_ms);
 
 }  // namespace thc::transport

@@ -1,0 +1,266 @@
+// The point-to-point schedules (transport/schedules) over the in-process link, against plain
+// reference sums: every world size 1..8, every integer type, counts from 0 to several pieces per
+// segment (small pieces force the pipelining paths), index form with every b, with and without a
+// downstream codec, two operations in flight, a missing peer and ranks that disagree.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "collectives/codec/elem.h"
+#include "common/status.h"
+#include "transport/inproc/inproc.h"
+#include "transport/schedules/schedules.h"
+
+namespace {
+
+using thc::Error;
+using thc::Status;
+using thc::transport::DownstreamCodec;
+using thc::transport::IntType;
+using thc::transport::LookupTable;
+using thc::transport::Reducer;
+using thc::transport::ScheduleOptions;
+
+constexpr IntType kTypes[] = {IntType::kU8, IntType::kU16, IntType::kU32, IntType::kI8, IntType::kI16, IntType::kI32};
+
+size_t width(IntType t) { return thc::codec::int_size(t); }
+
+// Runs body(rank, reducer) on n threads over one in-process group; rethrows the first failure.
+void run(int n, const ScheduleOptions& opt, long timeout_ms, const std::function<void(int, Reducer&)>& body) {
+  auto g = thc::transport::make_inproc_group(n, timeout_ms);
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto red = thc::transport::make_scheduled_reducer(thc::transport::make_inproc_link(g, r), opt);
+        body(r, *red);
+      } catch (...) {
+        err[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<uint8_t> random_ints(uint64_t count, IntType t, uint64_t seed) {
+  std::vector<uint8_t> v(count * width(t));
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+uint64_t load(IntType t, const uint8_t* p, uint64_t i) {
+  uint64_t v = 0;
+  std::memcpy(&v, p + i * width(t), width(t));
+  return v;
+}
+
+uint64_t wrap(IntType t, uint64_t v) {
+  const size_t w = width(t);
+  return w == 8 ? v : v & ((uint64_t{1} << (8 * w)) - 1);
+}
+
+class Schedules : public ::testing::TestWithParam<int> {};
+
+TEST_P(Schedules, RingSumEqualsTheSumOfEveryRank) {
+  const int n = GetParam();
+  ScheduleOptions opt;
+  for (uint64_t piece : {uint64_t{64}, uint64_t{1000}, uint64_t{256 * 1024}}) {
+    opt.piece_bytes = piece;
+    for (IntType t : kTypes)
+      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{7}, static_cast<uint64_t>(n + 1), uint64_t{1001},
+                             uint64_t{20011}}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count) + " width=" +
+                     std::to_string(width(t)) + " piece=" + std::to_string(piece));
+        std::vector<std::vector<uint8_t>> in(n), out(n);
+        for (int r = 0; r < n; ++r) in[r] = random_ints(count, t, 1000 * r + count);
+        run(n, opt, 30000, [&](int r, Reducer& red) {
+          out[r] = in[r];
+          red.start_sum(out[r].data(), count, t)->wait();
+        });
+        for (uint64_t i = 0; i < count; ++i) {
+          uint64_t want = 0;
+          for (int r = 0; r < n; ++r) want += load(t, in[r].data(), i);
+          for (int r = 0; r < n; ++r) ASSERT_EQ(load(t, out[r].data(), i), wrap(t, want)) << "rank " << r << " element " << i;
+        }
+      }
+  }
+}
+
+// A downstream codec whose bytes depend on the global element offset, so a shard decoded with the
+// wrong `first` shows: each sum is sent as (sum + first + i) in 4 bytes.
+class OffsetCodec final : public DownstreamCodec {
+ public:
+  explicit OffsetCodec(IntType t) : t_(t) {}
+  size_t encoded_bytes(uint64_t count) const override { return count * 4; }
+  void encode(const void* sums, uint64_t first, uint64_t count, uint8_t* out) const override {
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint32_t v = static_cast<uint32_t>(load(t_, static_cast<const uint8_t*>(sums), i) + first + i);
+      std::memcpy(out + 4 * i, &v, 4);
+    }
+  }
+  void decode(const uint8_t* in, uint64_t first, uint64_t count, void* sums) const override {
+    for (uint64_t i = 0; i < count; ++i) {
+      uint32_t v;
+      std::memcpy(&v, in + 4 * i, 4);
+      const uint64_t s = wrap(t_, v - first - i);
+      std::memcpy(static_cast<uint8_t*>(sums) + i * width(t_), &s, width(t_));
+    }
+  }
+
+ private:
+  IntType t_;
+};
+
+TEST_P(Schedules, LookupSumEqualsTheSumOfTableValues) {
+  const int n = GetParam();
+  ScheduleOptions opt;
+  for (uint64_t piece : {uint64_t{64}, uint64_t{256 * 1024}})
+    for (int bits = 1; bits <= 8; ++bits)
+      for (IntType t : {IntType::kU8, IntType::kI16, IntType::kI32})
+        for (bool with_down : {false, true})
+          for (uint64_t count : {uint64_t{1}, uint64_t{9}, static_cast<uint64_t>(8 * n + 3), uint64_t{5003}}) {
+            opt.piece_bytes = piece;
+            SCOPED_TRACE("n=" + std::to_string(n) + " b=" + std::to_string(bits) + " count=" + std::to_string(count) +
+                         " width=" + std::to_string(width(t)) + (with_down ? " down" : "") + " piece=" +
+                         std::to_string(piece));
+            LookupTable table;
+            table.bits = bits;
+            std::mt19937 rng(static_cast<unsigned>(bits * 31 + count));
+            for (int z = 0; z < (1 << bits); ++z) table.values.push_back(static_cast<int32_t>(rng() % 61) - 30);
+            const uint64_t bytes = (count * bits + 7) / 8;
+            std::vector<std::vector<uint8_t>> packed(n), sums(n);
+            for (int r = 0; r < n; ++r) {
+              packed[r] = random_ints(bytes + 1, IntType::kU8, 77 * r + bits);
+              sums[r].assign(count * width(t), 0xAB);
+            }
+            OffsetCodec down(t);
+            run(n, opt, 30000, [&](int r, Reducer& red) {
+              red.start_lookup_sum(packed[r].data(), count, table, sums[r].data(), t, with_down ? &down : nullptr)->wait();
+            });
+            for (uint64_t i = 0; i < count; ++i) {
+              int64_t want = 0;
+              for (int r = 0; r < n; ++r) want += table.values[thc::elem::packed_get(packed[r].data(), i, bits)];
+              for (int r = 0; r < n; ++r)
+                ASSERT_EQ(load(t, sums[r].data(), i), wrap(t, static_cast<uint64_t>(want))) << "rank " << r << " element " << i;
+            }
+          }
+}
+
+TEST_P(Schedules, TwoOperationsInFlightKeepApart) {
+  const int n = GetParam();
+  ScheduleOptions opt;
+  opt.piece_bytes = 128;
+  const uint64_t count = 3001;
+  std::vector<std::vector<uint8_t>> a(n), b(n), ia(n), ib(n);
+  for (int r = 0; r < n; ++r) {
+    ia[r] = random_ints(count, IntType::kU16, r);
+    ib[r] = random_ints(count, IntType::kU16, 100 + r);
+  }
+  run(n, opt, 30000, [&](int r, Reducer& red) {
+    for (int round = 0; round < 3; ++round) {
+      a[r] = ia[r];
+      b[r] = ib[r];
+      auto ra = red.start_sum(a[r].data(), count, IntType::kU16);
+      auto rb = red.start_sum(b[r].data(), count, IntType::kU16);
+      // Progress in an order that differs between ranks; completion is waited in start order.
+      for (int i = 0; i < 10 * r; ++i) (i % 2 ? ra : rb)->test();
+      ra->wait();
+      rb->wait();
+    }
+  });
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t wa = 0, wb = 0;
+    for (int r = 0; r < n; ++r) {
+      wa += load(IntType::kU16, ia[r].data(), i);
+      wb += load(IntType::kU16, ib[r].data(), i);
+    }
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(load(IntType::kU16, a[r].data(), i), wrap(IntType::kU16, wa));
+      ASSERT_EQ(load(IntType::kU16, b[r].data(), i), wrap(IntType::kU16, wb));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Schedules, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+// A rank that never starts the operation: the others fail within the timeout, naming it, and
+// their communicator refuses what follows (the ranks are out of step).
+TEST(SchedulesFaults, AMissingPeerIsATimeoutNamingIt) {
+  const int n = 3;
+  std::vector<std::string> msg(n);
+  std::vector<Status> st(n, Status::kSuccess);
+  std::vector<Status> after(n, Status::kSuccess);
+  std::atomic<int> finished{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  run(n, ScheduleOptions{}, 300, [&](int r, Reducer& red) {
+    if (r == 2) {
+      while (finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<uint8_t> v(1000, 1);
+    try {
+      red.start_sum(v.data(), v.size(), IntType::kU8)->wait();
+    } catch (const Error& e) {
+      st[r] = e.status();
+      msg[r] = e.what();
+    }
+    try {
+      red.start_sum(v.data(), v.size(), IntType::kU8)->wait();
+    } catch (const Error& e) {
+      after[r] = e.status();
+    }
+    finished++;
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 5.0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r], Status::kTimeout) << msg[r];
+    EXPECT_EQ(after[r], Status::kTransport) << "a broken communicator must refuse further operations";
+  }
+  // Rank 0 waits for rank 2 (its left neighbour in the ring); rank 1 for rank 0's forwarding.
+  EXPECT_NE(msg[0].find("rank(s) 2"), std::string::npos) << msg[0];
+  EXPECT_NE(msg[0].find("THC_TIMEOUT_MS"), std::string::npos) << msg[0];
+}
+
+// Ranks that start different operations get an error (inproc sees the size mismatch), or at
+// worst a timeout: never a hang, never a result.
+TEST(SchedulesFaults, RanksThatDisagreeOnTheCountFail) {
+  const int n = 3;
+  std::vector<Status> st(n, Status::kSuccess);
+  run(n, ScheduleOptions{}, 500, [&](int r, Reducer& red) {
+    std::vector<uint8_t> v(3000, 1);
+    try {
+      red.start_sum(v.data(), r == 1 ? 2999 : 3000, IntType::kU8)->wait();
+    } catch (const Error& e) {
+      st[r] = e.status();
+    }
+  });
+  int failed = 0;
+  for (int r = 0; r < n; ++r) {
+    if (st[r] == Status::kSuccess) continue;
+    ++failed;
+    EXPECT_TRUE(st[r] == Status::kConfigMismatch || st[r] == Status::kTimeout) << thc::status_text(st[r]);
+  }
+  EXPECT_GE(failed, 2);
+}
+
+TEST(SchedulesFaults, BadTableIsRefused) {
+  run(1, ScheduleOptions{}, 1000, [&](int, Reducer& red) {
+    LookupTable t;
+    t.bits = 4;
+    t.values.assign(15, 0);  // 2^4 needed
+    uint8_t p[8] = {}, s[16] = {};
+    EXPECT_THROW(red.start_lookup_sum(p, 16, t, s, IntType::kU8, nullptr), Error);
+  });
+}
+
+}  // namespace

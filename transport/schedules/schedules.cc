@@ -1,0 +1,598 @@
+#include "transport/schedules/schedules.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace thc::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Buffers a link may still touch after an operation was given up on: kept for the life of the
+// process (never freed, on purpose).
+void keep_forever(std::vector<uint8_t>&& buf) {
+  static std::mutex mu;
+  static auto* parked = new std::vector<std::vector<uint8_t>>();
+  if (buf.empty()) return;
+  std::lock_guard<std::mutex> lk(mu);
+  parked->push_back(std::move(buf));
+}
+
+// What the operations of one reducer share.
+struct Shared {
+  std::unique_ptr<Link> link;
+  ScheduleOptions opt;
+  bool broken = false;
+  std::string why;
+  uint64_t next_op = 0;
+
+  void check_usable() const {
+    if (broken)
+      fail(Status::kTransport, link->name() + " backend: an earlier operation on this communicator failed (" + why +
+                                   "); the ranks are out of step: create a new communicator or end the job");
+  }
+  void mark_broken(const std::string& msg) {
+    if (!broken) {
+      broken = true;
+      why = msg;
+    }
+  }
+  // Two tags per operation (reduce-scatter, allgather); operations in flight at once are few, so
+  // the operation number modulo the tag space keeps them apart.
+  uint32_t tag(uint64_t op, int phase) const {
+    const uint64_t ops = std::max<uint64_t>(2, link->tag_limit() / 2);
+    return static_cast<uint32_t>((op % ops) * 2 + static_cast<uint64_t>(phase));
+  }
+};
+
+// One element range of a shard or segment, and where its bytes live.
+struct Piece {
+  uint64_t first = 0, count = 0;
+};
+
+// Cuts [begin, end) into pieces of at most `pe` elements.
+std::vector<Piece> cut(uint64_t begin, uint64_t end, uint64_t pe) {
+  std::vector<Piece> v;
+  for (uint64_t f = begin; f < end; f += pe) v.push_back(Piece{f, std::min(pe, end - f)});
+  return v;
+}
+
+// The machinery every schedule shares: posted requests with what to do when each completes, a
+// queue of sends admitted through a window, waiting without spinning, abandoning on failure.
+class Sched : public Request {
+ public:
+  explicit Sched(std::shared_ptr<Shared> sh, const char* what)
+      : sh_(std::move(sh)), link_(sh_->link.get()), what_(what), op_(sh_->next_op++) {}
+
+  bool test() override {
+    if (done_) return true;
+    progress();
+    return done_;
+  }
+
+  void wait() override {
+    if (done_) return;
+    const long tmo = link_->timeout_ms();
+    const Clock::time_point until =
+        tmo > 0 ? Clock::now() + std::chrono::milliseconds(tmo) : Clock::time_point::max();
+    Clock::time_point last = Clock::now();
+    uint64_t nap = 0;
+    while (!done_) {
+      if (progress() > 0) {
+        last = Clock::now();
+        nap = 0;
+        continue;
+      }
+      if (done_) break;
+      const Clock::time_point now = Clock::now();
+      if (now >= until) abandon(Status::kTimeout, timeout_message());
+      if (now - last < std::chrono::microseconds(50)) continue;
+      nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
+      link_->idle(nap);
+    }
+  }
+
+  ~Sched() override = default;
+
+ protected:
+  // Every schedule's destructor calls this first (the reactions are virtual, so it cannot run in
+  // ~Sched): a request dropped unfinished (an error elsewhere in the call) still plays its part
+  // on a healthy communicator, within THC_TIMEOUT_MS (the peers wait for its messages); then
+  // whatever is left is cancelled.
+  void shutdown() {
+    if (!done_ && !sh_->broken) {
+      try {
+        wait();
+      } catch (const Error&) {
+      }
+    }
+    if (!done_) release();
+    done_ = true;
+  }
+
+  enum class Act : uint8_t { kSend, kRecvA, kRecvB };
+  struct Posted {
+    Act act;
+    int peer;
+    uint32_t index;  // the schedule's own numbering of the message
+  };
+  struct Send {
+    int peer;
+    uint32_t tag;
+    const uint8_t* buf;
+    size_t bytes;
+    uint32_t index;
+  };
+
+  // The schedule's reactions; each may queue sends (send()).
+  virtual void on_recv(Act act, int peer, uint32_t index) = 0;
+  virtual void on_send_done(uint32_t index) { (void)index; }
+  // True once every piece of the result is in place (sends may still be in flight).
+  virtual bool result_ready() const = 0;
+  // Buffers the link may touch, parked if the link cannot let go of them.
+  virtual void park() = 0;
+
+  void post_recv(Act act, int peer, uint32_t tag, uint8_t* buf, size_t bytes, uint32_t index) {
+    reqs_.push_back(Link::kNullReq);
+    posted_.push_back(Posted{act, peer, index});
+    ++pending_;
+    try {
+      link_->irecv(peer, tag, buf, bytes, &reqs_.back());
+    } catch (const Error& e) {
+      abandon(e.status(), e.what());
+    }
+  }
+  void send(int peer, uint32_t tag, const uint8_t* buf, size_t bytes, uint32_t index, bool urgent = false) {
+    if (urgent) {
+      urgent_.push_back(Send{peer, tag, buf, bytes, index});
+    } else {
+      queue_.push_back(Send{peer, tag, buf, bytes, index});
+    }
+    ++sends_left_;
+  }
+  // Posts queued sends up to the window; called after every reaction.
+  void pump() {
+    while (in_flight_ < sh_->opt.send_window && (!urgent_.empty() || !queue_.empty())) {
+      std::deque<Send>& q = urgent_.empty() ? queue_ : urgent_;
+      const Send s = q.front();
+      q.pop_front();
+      reqs_.push_back(Link::kNullReq);
+      posted_.push_back(Posted{Act::kSend, s.peer, s.index});
+      ++pending_;
+      ++in_flight_;
+      try {
+        link_->isend(s.peer, s.tag, s.buf, s.bytes, &reqs_.back());
+      } catch (const Error& e) {
+        abandon(e.status(), e.what());
+      }
+    }
+  }
+  void check_done() {
+    if (!done_ && sends_left_ == 0 && pending_ == 0 && result_ready()) done_ = true;
+  }
+  // For a schedule whose result needs no messages (one rank, nothing to send).
+  void finish_now() {
+    pump();
+    check_done();
+  }
+  uint32_t tag(int phase) const { return sh_->tag(op_, phase); }
+  Link& link() { return *link_; }
+  const ScheduleOptions& opt() const { return sh_->opt; }
+  [[noreturn]] void abandon(Status s, const std::string& msg) {
+    sh_->mark_broken(msg);
+    release();
+    done_ = true;  // nothing more will happen to this request
+    fail(s, msg);
+  }
+
+ private:
+  // One round of progress: reactions to completed messages, then newly admitted sends.
+  int progress() {
+    if (reqs_.empty()) {
+      pump();
+      check_done();
+      return 0;
+    }
+    done_idx_.resize(reqs_.size());
+    int k = 0;
+    try {
+      k = link_->test_some(reqs_.data(), static_cast<int>(reqs_.size()), done_idx_.data());
+    } catch (const Error& e) {
+      abandon(e.status(), std::string(what_) + ": " + e.what());
+    }
+    for (int i = 0; i < k; ++i) {
+      const Posted p = posted_[static_cast<size_t>(done_idx_[i])];
+      --pending_;
+      if (p.act == Act::kSend) {
+        --in_flight_;
+        --sends_left_;
+        on_send_done(p.index);
+      } else {
+        on_recv(p.act, p.peer, p.index);
+      }
+    }
+    if (k > 0) compact();
+    pump();
+    check_done();
+    return k;
+  }
+  void compact() {
+    size_t w = 0;
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      if (reqs_[i] == Link::kNullReq) continue;
+      reqs_[w] = reqs_[i];
+      posted_[w] = posted_[i];
+      ++w;
+    }
+    reqs_.resize(w);
+    posted_.resize(w);
+  }
+  std::string timeout_message() const {
+    std::string peers;
+    std::vector<int> seen;
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      if (reqs_[i] == Link::kNullReq || posted_[i].act == Act::kSend) continue;
+      if (std::find(seen.begin(), seen.end(), posted_[i].peer) != seen.end()) continue;
+      seen.push_back(posted_[i].peer);
+      peers += (peers.empty() ? "" : ", ") + std::to_string(posted_[i].peer);
+    }
+    return link_->name() + " backend: " + what_ + ": no progress within " + std::to_string(link_->timeout_ms()) +
+           " ms (THC_TIMEOUT_MS); still waiting for data from rank(s) " + (peers.empty() ? "?" : peers) +
+           " (a peer died, hangs, or skipped this call)";
+  }
+  void release() {
+    bool touch = false;
+    for (Link::Req& r : reqs_)
+      if (r != Link::kNullReq && !link_->cancel(&r)) touch = true;
+    reqs_.clear();
+    posted_.clear();
+    if (touch) park();
+  }
+
+  std::shared_ptr<Shared> sh_;
+  Link* link_;
+  const char* what_;
+  uint64_t op_;
+  std::vector<Link::Req> reqs_;
+  std::vector<Posted> posted_;
+  std::vector<int> done_idx_;
+  std::deque<Send> queue_, urgent_;
+  int in_flight_ = 0;
+  int pending_ = 0;
+  uint64_t sends_left_ = 0;
+
+ protected:
+  bool done_ = false;
+};
+
+// ---- index form: pairwise reduce-scatter of packed indices + lookup-sum + pairwise allgather.
+class PsSum final : public Sched {
+ public:
+  PsSum(std::shared_ptr<Shared> sh, const uint8_t* packed, uint64_t count, const LookupTable& table, void* sums,
+        IntType type, const DownstreamCodec* down)
+      : Sched(std::move(sh), "parameter server (reduce-scatter of indices, allgather of sums)"),
+        n_(link().size()), r_(link().rank()), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
+        type_(type), w_(codec::int_size(type)), down_(down) {
+    const int b = table.bits;
+    // Shards are multiples of 8 elements, so every shard and piece starts on a byte of the packed
+    // stream.
+    const uint64_t groups = (count + 7) / 8;
+    off_.resize(static_cast<size_t>(n_) + 1);
+    for (int q = 0; q <= n_; ++q) off_[q] = std::min(count, (groups * static_cast<uint64_t>(q) / n_) * 8);
+    const uint64_t pe = std::max<uint64_t>(8, opt().piece_bytes / w_ / 8 * 8);
+    pieces_.resize(n_);
+    enc_off_.resize(n_);
+    uint64_t enc_total = 0;
+    for (int q = 0; q < n_; ++q) {
+      pieces_[q] = cut(off_[q], off_[q + 1], pe);
+      for (const Piece& p : pieces_[q]) {
+        enc_off_[q].push_back(enc_total);
+        enc_total += down_ ? down_->encoded_bytes(p.count) : p.count * w_;
+      }
+    }
+    const uint64_t packed_bytes = (count * static_cast<uint64_t>(b) + 7) / 8;
+    in_.assign(packed, packed + packed_bytes);
+    const std::vector<Piece>& mine = pieces_[r_];
+    const uint64_t my_first = off_[r_], my_elems = off_[r_ + 1] - off_[r_];
+    const uint64_t my_bytes = (my_elems * static_cast<uint64_t>(b) + 7) / 8;
+    rin_.resize(static_cast<size_t>(n_ - 1) * my_bytes + 1);
+    acc_.resize(my_elems * w_ + 1);
+    gath_.resize(enc_total + 1);
+    arrived_.assign(mine.size(), 0);
+    // Receives first (they only name buffers), in the order each peer sends: piece by piece.
+    for (int s = 1; s < n_; ++s) {
+      const int from = (r_ - s + n_) % n_;
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const uint64_t rel = mine[k].first - my_first;
+        post_recv(Act::kRecvA, from, tag(0), rin_.data() + static_cast<size_t>(s - 1) * my_bytes + rel * b / 8,
+                  (mine[k].count * b + 7) / 8, static_cast<uint32_t>(k));
+      }
+      for (size_t k = 0; k < pieces_[from].size(); ++k)
+        post_recv(Act::kRecvB, from, tag(1), gath_.data() + enc_off_[from][k], piece_bytes(from, k),
+                  static_cast<uint32_t>(k));
+      gathered_need_ += pieces_[from].size();
+    }
+    // Sends of indices, piece by piece, to r+1, r+2, ...: at any moment every rank feeds one peer
+    // and is fed by one.
+    size_t most = 0;
+    for (int q = 0; q < n_; ++q) most = std::max(most, pieces_[q].size());
+    for (size_t k = 0; k < most; ++k)
+      for (int s = 1; s < n_; ++s) {
+        const int to = (r_ + s) % n_;
+        if (k >= pieces_[to].size()) continue;
+        const Piece& p = pieces_[to][k];
+        send(to, tag(0), in_.data() + p.first * b / 8, (p.count * b + 7) / 8, 0);
+      }
+    if (n_ == 1) {
+      for (size_t k = 0; k < mine.size(); ++k) reduce_piece(k);
+    }
+    finish_now();
+  }
+
+  ~PsSum() override { shutdown(); }
+
+ private:
+  size_t piece_bytes(int q, size_t k) const {
+    const uint64_t c = pieces_[q][k].count;
+    return down_ ? down_->encoded_bytes(c) : c * w_;
+  }
+  void on_recv(Act act, int peer, uint32_t index) override {
+    (void)peer;
+    if (act == Act::kRecvA) {
+      if (++arrived_[index] == n_ - 1) {
+        // Pieces complete in order (each peer sends them in order), but be safe about it.
+        while (reduced_ < arrived_.size() && arrived_[reduced_] == n_ - 1) reduce_piece(reduced_);
+      }
+    } else {
+      const Piece& p = pieces_[peer][index];
+      const uint8_t* src = gath_.data() + enc_off_[peer][index];
+      if (down_) {
+        down_->decode(src, p.first, p.count, sums_ + p.first * w_);
+      } else {
+        std::memcpy(sums_ + p.first * w_, src, p.count * w_);
+      }
+      ++gathered_;
+    }
+  }
+  void reduce_piece(size_t k) {
+    const Piece& p = pieces_[r_][k];
+    const uint64_t rel = p.first - off_[r_];
+    const int b = table_.bits;
+    uint8_t* acc = acc_.data() + rel * w_;
+    std::memset(acc, 0, p.count * w_);
+    lookup_add(table_, in_.data(), p.first, p.count, type_, acc);
+    const uint64_t my_bytes = ((off_[r_ + 1] - off_[r_]) * static_cast<uint64_t>(b) + 7) / 8;
+    for (int s = 1; s < n_; ++s)
+      lookup_add(table_, rin_.data() + static_cast<size_t>(s - 1) * my_bytes, rel, p.count, type_, acc);
+    uint8_t* out = gath_.data() + enc_off_[r_][k];
+    if (down_) {
+      // Every rank, the owner included, ends with the decoded re-compressed sums.
+      down_->encode(acc, p.first, p.count, out);
+      down_->decode(out, p.first, p.count, sums_ + p.first * w_);
+    } else {
+      std::memcpy(out, acc, p.count * w_);
+      std::memcpy(sums_ + p.first * w_, acc, p.count * w_);
+    }
+    for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
+    ++reduced_;
+  }
+  bool result_ready() const override { return reduced_ == pieces_[r_].size() && gathered_ == gathered_need_; }
+  void park() override {
+    keep_forever(std::move(in_));
+    keep_forever(std::move(rin_));
+    keep_forever(std::move(gath_));
+  }
+
+  int n_, r_;
+  uint64_t count_;
+  LookupTable table_;
+  uint8_t* sums_;
+  IntType type_;
+  size_t w_;
+  const DownstreamCodec* down_;
+  std::vector<uint64_t> off_;
+  std::vector<std::vector<Piece>> pieces_;
+  std::vector<std::vector<uint64_t>> enc_off_;
+  std::vector<uint8_t> in_, rin_, acc_, gath_;
+  std::vector<int> arrived_;
+  size_t reduced_ = 0;
+  uint64_t gathered_ = 0, gathered_need_ = 0;
+};
+
+// ---- value form: pipelined ring (reduce-scatter with integer add, then allgather).
+//
+// Messages on one link and tag match in posting order, so this rank issues its sends to the right
+// neighbour in the order the neighbour posted its receives: step by step, piece by piece within a
+// step (a cursor per phase; a send waits for its predecessors). Receives may complete in any
+// order; each is acted upon at once.
+class RingSum final : public Sched {
+ public:
+  RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type)
+      : Sched(std::move(sh), "integer sum (ring reduce-scatter + allgather)"), n_(link().size()), r_(link().rank()),
+        data_(static_cast<uint8_t*>(data)), count_(count), type_(type), w_(codec::int_size(type)) {
+    const uint64_t pe = std::max<uint64_t>(1, opt().piece_bytes / w_);
+    seg_.resize(n_);
+    for (int i = 0; i < n_; ++i)
+      seg_[i] = cut(count * static_cast<uint64_t>(i) / n_, count * static_cast<uint64_t>(i + 1) / n_, pe);
+    if (n_ == 1) {
+      finish_now();
+      return;
+    }
+    work_.assign(data_, data_ + count * w_);
+    out_.resize(count * w_ + 1);
+    left_ = (r_ - 1 + n_) % n_;
+    right_ = (r_ + 1) % n_;
+    // Reduce-scatter: at step s this rank sends segment r-s (its partial sum so far) and receives
+    // segment r-s-1, which it adds and forwards at step s+1. Receives land in buffers of their own
+    // (the running sums stay in work_).
+    uint64_t tmp_total = 0;
+    tmp_off_.resize(n_ - 1);
+    rs_ready_.resize(n_ - 1);
+    ag_ready_.resize(n_ - 1);
+    for (int s = 0; s < n_ - 1; ++s) {
+      const std::vector<Piece>& ps = seg_[mod(r_ - s - 1)];
+      for (const Piece& p : ps) {
+        tmp_off_[s].push_back(tmp_total);
+        tmp_total += p.count * w_;
+      }
+      rs_ready_[s].assign(seg_[mod(r_ - s)].size(), s == 0 ? 1 : 0);
+      ag_ready_[s].assign(seg_[mod(r_ + 1 - s)].size(), 0);
+    }
+    tmp_.resize(tmp_total + 1);
+    for (int s = 0; s < n_ - 1; ++s) {
+      const std::vector<Piece>& ps = seg_[mod(r_ - s - 1)];
+      for (size_t k = 0; k < ps.size(); ++k)
+        post_recv(Act::kRecvA, left_, tag(0), tmp_.data() + tmp_off_[s][k], ps[k].count * w_, index(s, k));
+    }
+    // Allgather: at step s this rank sends segment r+1-s (its own reduced one first) and receives
+    // segment r-s into out_, which it forwards at step s+1.
+    for (int s = 0; s < n_ - 1; ++s) {
+      const std::vector<Piece>& ps = seg_[mod(r_ - s)];
+      for (size_t k = 0; k < ps.size(); ++k) {
+        post_recv(Act::kRecvB, left_, tag(1), out_.data() + ps[k].first * w_, ps[k].count * w_, index(s, k));
+        ++ag_need_;
+      }
+    }
+    own_need_ = seg_[mod(r_ + 1)].size();
+    advance();
+    maybe_copy();
+    finish_now();
+  }
+
+  ~RingSum() override { shutdown(); }
+
+ private:
+  int mod(int v) const { return ((v % n_) + n_) % n_; }
+  static uint32_t index(int s, size_t k) { return static_cast<uint32_t>(s) << 20 | static_cast<uint32_t>(k); }
+  void on_recv(Act act, int peer, uint32_t idx) override {
+    (void)peer;
+    const int s = static_cast<int>(idx >> 20);
+    const size_t k = idx & 0xFFFFF;
+    if (act == Act::kRecvA) {
+      const Piece& p = seg_[mod(r_ - s - 1)][k];
+      add_ints(type_, work_.data() + p.first * w_, tmp_.data() + tmp_off_[s][k], p.count);
+      if (s + 1 < n_ - 1) {
+        rs_ready_[s + 1][k] = 1;
+      } else {
+        // Segment r+1 is complete here: this rank's result for it, and the allgather's first send.
+        std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
+        ag_ready_[0][k] = 1;
+        ++own_done_;
+      }
+    } else {
+      ++ag_got_;
+      if (s + 1 < n_ - 1) ag_ready_[s + 1][k] = 1;
+    }
+    advance();
+    maybe_copy();
+  }
+  void maybe_copy() {
+    if (own_done_ == own_need_ && ag_got_ == ag_need_ && !copied_) {
+      // out_ holds every segment and no receive writes it any more (sends may still read it).
+      if (count_) std::memcpy(data_, out_.data(), count_ * w_);
+      copied_ = true;
+    }
+  }
+  // Queues the sends whose turn has come, in the order the right neighbour receives them.
+  void advance() {
+    while (rs_s_ < n_ - 1) {
+      if (rs_k_ == rs_ready_[rs_s_].size()) {
+        ++rs_s_;
+        rs_k_ = 0;
+        continue;
+      }
+      if (!rs_ready_[rs_s_][rs_k_]) break;
+      const Piece& p = seg_[mod(r_ - rs_s_)][rs_k_];
+      send(right_, tag(0), work_.data() + p.first * w_, p.count * w_, 0);
+      ++rs_k_;
+    }
+    while (ag_s_ < n_ - 1) {
+      if (ag_k_ == ag_ready_[ag_s_].size()) {
+        ++ag_s_;
+        ag_k_ = 0;
+        continue;
+      }
+      if (!ag_ready_[ag_s_][ag_k_]) break;
+      const Piece& p = seg_[mod(r_ + 1 - ag_s_)][ag_k_];
+      send(right_, tag(1), out_.data() + p.first * w_, p.count * w_, 0, /*urgent=*/true);
+      ++ag_k_;
+    }
+  }
+  bool result_ready() const override { return copied_ || n_ == 1; }
+  void park() override {
+    keep_forever(std::move(work_));
+    keep_forever(std::move(tmp_));
+    keep_forever(std::move(out_));
+  }
+
+  int n_, r_;
+  uint8_t* data_;
+  uint64_t count_;
+  IntType type_;
+  size_t w_;
+  int left_ = 0, right_ = 0;
+  std::vector<std::vector<Piece>> seg_;
+  std::vector<std::vector<uint64_t>> tmp_off_;
+  std::vector<std::vector<char>> rs_ready_, ag_ready_;
+  int rs_s_ = 0, ag_s_ = 0;
+  size_t rs_k_ = 0, ag_k_ = 0;
+  std::vector<uint8_t> work_, tmp_, out_;
+  size_t own_done_ = 0, own_need_ = 0;
+  uint64_t ag_got_ = 0, ag_need_ = 0;
+  bool copied_ = false;
+};
+
+class ScheduledReducer final : public Reducer {
+ public:
+  ScheduledReducer(std::unique_ptr<Link> link, const ScheduleOptions& opt) : sh_(std::make_shared<Shared>()) {
+    if (!link) fail(Status::kInvalidArgument, "make_scheduled_reducer: no link");
+    if (opt.piece_bytes < 64 || opt.send_window < 1)
+      fail(Status::kInvalidArgument, "make_scheduled_reducer: piece_bytes >= 64 and send_window >= 1");
+    sh_->link = std::move(link);
+    sh_->opt = opt;
+  }
+  int rank() const override { return sh_->link->rank(); }
+  int size() const override { return sh_->link->size(); }
+  std::string name() const override { return sh_->link->name(); }
+  bool applies_downstream() const override { return true; }
+
+  void max_u32(uint32_t* data, size_t n) override {
+    sh_->check_usable();
+    try {
+      sh_->link->max_u32(data, n);
+    } catch (const Error& e) {
+      sh_->mark_broken(e.what());
+      throw;
+    }
+  }
+  std::unique_ptr<Request> start_sum(void* data, uint64_t count, IntType type) override {
+    sh_->check_usable();
+    return std::make_unique<RingSum>(sh_, data, count, type);
+  }
+  std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,
+                                            void* sums, IntType type, const DownstreamCodec* down) override {
+    sh_->check_usable();
+    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
+      fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
+    return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, down);
+  }
+
+ private:
+  std::shared_ptr<Shared> sh_;
+};
+
+}  // namespace
+
+std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt) {
+  return std::make_unique<ScheduledReducer>(std::move(link), opt);
+}
+
+}  // namespace thc::transport

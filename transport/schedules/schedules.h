@@ -1,0 +1,44 @@
+// Integer allreduce schedules over point-to-point links (transport/link.h): the algorithms the
+// backends share instead of each writing its own (Gloo's algorithms over pairs). A backend
+// supplies a Link (MPI: PMPI_Isend/Irecv on a duplicated communicator; inproc: threads), and
+// make_scheduled_reducer turns it into a Reducer:
+//
+// - Index form (colocated parameter server): rank r owns shard r of the wire elements. A
+//   reduce-scatter of the packed indices in pairwise order (step s: send to r+s, receive from
+//   r-s, so every link carries one peer's traffic at a time and no rank receives from everyone at
+//   once), cut into pieces; each piece of the shard is looked up and summed as soon as every
+//   peer's part of it has arrived, then (optionally re-compressed, DownstreamCodec) sent to every
+//   peer in the same pairwise order: the allgather of piece k overlaps the reduce-scatter of
+//   piece k+1.
+// - Value form: a pipelined ring (reduce-scatter with integer addition, then allgather), each of
+//   the n segments cut into pieces.
+//
+// Every buffer the link reads or writes belongs to the request, so an operation abandoned on a
+// timeout can never write into the caller's memory later: receives are cancelled, and buffers
+// the link may still touch are kept for the life of the process. After a failure the reducer
+// refuses further operations (the ranks are out of step).
+//
+// Waiting does not spin: ranks may share cores (4 ranks on 2 here), and a busy-polling rank
+// takes the CPU its peers need to encode. A wait polls for up to ~50 us after the last
+// completion, then sleeps in growing steps up to 200 us (at 1 Gbit/s, 25 KB of wire time; the
+// kernel's socket buffers hold far more).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "transport/link.h"
+#include "transport/reducer.h"
+
+namespace thc::transport {
+
+struct ScheduleOptions {
+  // Message size target: pieces carry about this many bytes of sums.
+  uint64_t piece_bytes = 256 * 1024;
+  // Sends in flight per operation (pairwise order: one or two peers at a time).
+  int send_window = 2;
+};
+
+std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt = {});
+
+}  // namespace thc::transport
