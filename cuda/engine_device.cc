@@ -24,7 +24,7 @@
 #include "common/status.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/engine.h"
-#include "cuda/device_pointer.h"
+#include "collectives/engine/device_pointer.h"
 #include "cuda/thc_cuda.h"
 
 namespace thc::cuda {

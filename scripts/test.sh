@@ -11,7 +11,7 @@ echo "=== build (RelWithDebInfo) ==="
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTHC_BUILD_TESTS=ON -DTHC_BUILD_PERF=ON -DTHC_SANITIZE=OFF
 cmake --build build -j "$JOBS"
 echo "=== tests ==="
-ctest --test-dir build --output-on-failure --no-tests=error -j 1 --timeout 900
+ctest --test-dir build --output-on-failure --no-tests=error -j "$JOBS" --timeout 900
 
 echo "=== fuzzing the aggregator's packet parser and state machine (reproducible: fixed seed and input count) ==="
 ./switch_offload/fuzz/run_fuzz.sh --ci build-fuzz "${THC_FUZZ_RUNS:-200000}"
@@ -23,4 +23,4 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTHC_SANITIZE=ON -DT
 cmake --build build-asan -j "$JOBS"
 echo "=== tests under ASan + UBSan ==="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --no-tests=error -j 1 --timeout 900 -LE huge
+  ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$JOBS" --timeout 900 -LE huge

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <string>
 
-#include "cuda/device_pointer.h"
+#include "collectives/engine/device_pointer.h"
 
 namespace thc::engine {
 namespace {

@@ -114,7 +114,7 @@ ncclResult_t cnatAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 /* Message of the calling thread's last failed thc NCCL call ("" if none). */
 const char* thcNcclGetLastError(void);
 
-/* 1 when ptr is device memory the host cannot dereference (see cuda/device_pointer.h). */
+/* 1 when ptr is device memory the host cannot dereference (see collectives/engine/device_pointer.h). */
 int thc_cuda_is_device_pointer(const void* ptr);
 
 #ifdef __cplusplus

@@ -1,11 +1,11 @@
 /* Whether a pointer is CUDA device memory that the host cannot dereference.
  *
- * For the MPI path (mpi_wrappers/, owned elsewhere): THC_Allreduce on a device buffer must either
+ * The engine asks it before any CUDA library is loaded: THC_Allreduce on a device buffer must either
  * stage through host memory or run the CUDA codec. This helper needs no CUDA headers and no
  * CUDA libraries at link time (it dlopens the driver), so it can be compiled into libthc itself.
  */
-#ifndef THC_CUDA_DEVICE_POINTER_H_
-#define THC_CUDA_DEVICE_POINTER_H_
+#ifndef THC_ENGINE_DEVICE_POINTER_H_
+#define THC_ENGINE_DEVICE_POINTER_H_
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,4 +20,4 @@ int thc_cuda_is_device_pointer(const void* ptr);
 }
 #endif
 
-#endif /* THC_CUDA_DEVICE_POINTER_H_ */
+#endif /* THC_ENGINE_DEVICE_POINTER_H_ */

@@ -1,5 +1,5 @@
 // thc_cuda_is_device_pointer through the driver API, loaded at run time (see device_pointer.h).
-#include "cuda/device_pointer.h"
+#include "collectives/engine/device_pointer.h"
 
 #include <dlfcn.h>
 
