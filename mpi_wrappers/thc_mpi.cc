@@ -7,6 +7,7 @@
 
 #include "collectives/capi/capi.h"
 #include "collectives/engine/knobs.h"
+#include "mpi_wrappers/hier.h"
 #include "transport/mpi/mpi_reducer.h"
 
 namespace {
@@ -68,17 +69,23 @@ extern "C" {
 
 thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_comm_t* out) {
   std::unique_ptr<thc::transport::Reducer> r;
+  std::unique_ptr<thc::capi::Composite> hier;
   thc_config_t c;
   const thc_status_t st = thc::capi::guard("thc_comm_create_mpi", [&] {
     if (comm == MPI_COMM_NULL) thc::fail(thc::Status::kInvalidArgument, "MPI_COMM_NULL");
+    if (!out) thc::fail(thc::Status::kInvalidArgument, "comm is NULL");
     if (cfg) {
       c = *cfg;
     } else {
       thc::engine::config_from_env(&c);
     }
-    r = thc::transport::make_mpi_reducer(comm, c.timeout_ms);
+    // Several ranks per host: a float reduction inside each host around a compressed stage
+    // across hosts (THC_HIER, mpi_wrappers/hier.h); otherwise one engine over all ranks.
+    hier = thc::mpi::make_hier(comm, c);
+    if (!hier) r = thc::transport::make_mpi_reducer(comm, c.timeout_ms);
   });
   if (st != THC_SUCCESS) return st;
+  if (hier) return thc::capi::create_composite(std::move(hier), out);
   return thc::capi::create_comm(std::move(r), &c, out);
 }
 

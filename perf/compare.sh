@@ -3,26 +3,33 @@
 # emulated cluster: N hosts (default 4) at 1 Gbit/s and unshaped, sizes 1 MB .. 256 MB.
 #
 # Usage:
-#   perf/compare.sh [--out DIR] [--np N] [--rates "1gbit none"] [--min-size 1M] [--max-size 256M]
-#                   [--iters 5] [--warmup 1] [--checks 1] [--bin-dir DIR] [--local]
-#                   [--configs "none none-ring thc-int thc-ps cnat-int cnat-ps thc-agg-switch ..."]
-#                   [--agg-threads 1] [-- EXTRA_TOOL_ARGS...]
+#   perf/compare.sh [--out DIR] [--np N] [--ranks-per-host R] [--rates "1gbit none"] [--min-size 1M]
+#                   [--max-size 256M] [--iters 5] [--warmup 1] [--checks 1] [--bin-dir DIR] [--local]
+#                   [--configs "none none-ring bf16 bf16-ring thc-int thc-ps cnat-int cnat-ps thc-agg-switch ..."]
+#                   [--agg-threads 1] [--prefix P] [-- EXTRA_TOOL_ARGS...]
 #
 #   --out DIR       where results go (default perf-compare-YYYYmmdd-HHMMSS)
-#   --np N          ranks = emulated hosts (default 4)
+#   --np N          ranks (default 4)
+#   --ranks-per-host R  ranks per emulated host (default 1): N/R hosts, R ranks each sharing the
+#                   host's link (and its shared memory: thc's THC_HIER runs hierarchically then);
+#                   with --local the hosts are emulated by THC_HIER_HOSTS
 #   --rates LIST    netns_cluster.sh --rate values (default "1gbit none")
 #   --min-size S    smallest size (default 1M); --max-size S largest (default 256M); factor 2
 #   --iters/--warmup/--checks   thc_allreduce_perf -n / -w / -c
 #   --bin-dir DIR   directory holding thc_allreduce_perf (default: build*/perf/allreduce_perf or PATH)
 #   --local         no testbed: plain `mpirun --oversubscribe` on this machine, unshaped only
-#   --configs LIST  subset of: none none-ring thc-int thc-ps cnat-int cnat-ps (uhc-*, dnat-* also
-#                   accepted), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
+#   --configs LIST  subset of: none none-ring bf16 bf16-ring thc-int thc-ps cnat-int cnat-ps (uhc-*,
+#                   dnat-*, *-auto also accepted; a -flat suffix, e.g. thc-ps-flat, sets THC_HIER=0:
+#                   the flat engine over all ranks even with several ranks per host), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
 #                   the bridge, where a switch is: every worker port at the link rate), thc-agg-host
 #                   (on a host of its own with one link), thc-agg-2hosts (two aggregator hosts, the
 #                   job's slots sharded over them); cnat-agg-* alike. none-ring is float32
 #                   MPI_Allreduce with Open MPI's ring forced (coll_tuned_allreduce_algorithm 4), the
-#                   baseline an HPC user would tune.
+#                   baseline an HPC user would tune. bf16 is the compression hook of Horovod/PyTorch DDP
+#                   (float32 -> bfloat16, MPI_Allreduce with a bfloat16 SUM op, -> float32),
+#                   bf16-ring the same with the ring forced.
 #   --agg-threads N threads per thc-aggregator (default 1)
+#   --prefix P      namespace prefix of the testbed (default thccmp<pid>)
 #   after --         extra arguments for every thc_allreduce_perf run (e.g. --bits 2 --block 1M)
 #
 # Each run goes through perf/testbed/netns_cluster.sh (network namespaces, a bridge and tbf
@@ -30,7 +37,9 @@
 #
 # Output in DIR:
 #   raw/<rate>_<config>.json|.log   every thc_allreduce_perf run (--json rows and its stdout/stderr)
-#   results.md                      markdown tables: time and busbw per size, wire bytes, NMSE
+#   results.md                      markdown tables: time and busbw per size, wire bytes, NMSE, and
+#                                   each config's share of its wire limit (the busiest host link's
+#                                   bytes at the shaped rate: all ranks of a host share its link)
 #   compare.png                     time and busbw against size (gnuplot; python3-matplotlib fallback)
 #   data/<rate>_<config>.dat        the plotted numbers (size_bytes time_us busbw_GBps)
 # Exit status: 0 when every run succeeded, 1 when some run failed (its row says so), 2 on usage
@@ -44,6 +53,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 OUT="perf-compare-$(date +%Y%m%d-%H%M%S)"
 NP=4
+RPH=1
+PREFIX=""
 RATES="1gbit none"
 MIN=1M
 MAX=256M
@@ -60,6 +71,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --np|--hosts) NP="$2"; shift 2 ;;
+    --ranks-per-host) RPH="$2"; shift 2 ;;
+    --prefix) PREFIX="$2"; shift 2 ;;
     --rates) RATES="$2"; shift 2 ;;
     --min-size) MIN="$2"; shift 2 ;;
     --max-size) MAX="$2"; shift 2 ;;
@@ -77,11 +90,16 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ "$NP" =~ ^[0-9]+$ ]] && (( NP >= 1 )) || die "--np must be a positive integer"
+[[ "$RPH" =~ ^[0-9]+$ ]] && (( RPH >= 1 && NP % RPH == 0 )) || die "--ranks-per-host must divide --np"
+NHOSTS=$((NP / RPH))
+[[ -z "$PREFIX" ]] && PREFIX="thccmp$$"
+[[ "$PREFIX" =~ ^[A-Za-z0-9]+$ ]] || die "--prefix must be letters and digits"
 for n in "$ITERS" "$WARMUP" "$CHECKS"; do [[ "$n" =~ ^[0-9]+$ ]] || die "--iters/--warmup/--checks must be integers"; done
 for s in "$MIN" "$MAX"; do [[ "$s" =~ ^[0-9]+[KMGkmg]?$ ]] || die "sizes look like 64K, 1M, 256M (got '$s')"; done
 NEED_AGG=0
 for c in $CONFIGS; do
-  [[ "$c" == none || "$c" == none-ring || "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)$ ||
+  [[ "$c" == none || "$c" == none-ring || "$c" == bf16 || "$c" == bf16-ring ||
+     "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)(-flat)?$ ||
      "$c" =~ ^(thc|uhc|cnat|dnat)-agg-(switch|host|2hosts)$ ]] || die "unknown config '$c'"
   [[ "$c" == *-agg-* ]] && NEED_AGG=1
 done
@@ -174,6 +192,9 @@ for c in $CONFIGS; do
     none) scheme=none; algo=auto ;;
     none-ring) scheme=none; algo=auto
       mpi_extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4) ;;
+    bf16) scheme=bf16; algo=auto ;;
+    bf16-ring) scheme=bf16; algo=auto
+      mpi_extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4) ;;
     *-agg-*)
       scheme=${c%%-agg-*}; algo=ps
       if ! start_aggs "${c##*-agg-}" "$OUTDIR/raw/${rate}_$c.agg"; then
@@ -181,6 +202,7 @@ for c in $CONFIGS; do
       fi
       agg_args=(--aggregator "$AGG_URLS")
       mpi_extra=(-x THC_AGGREGATOR_KEY_FILE) ;;
+    *-flat) b=${c%-flat}; scheme=${b%-*}; algo=${b#*-}; mpi_extra=(-x THC_HIER=0) ;;
     *) scheme=${c%-*}; algo=${c#*-} ;;
   esac
   log="$OUTDIR/raw/${rate}_$c.log"
@@ -207,10 +229,16 @@ for rate in $RATES; do
   rm -f "$OUT"/raw/"${rate}"_*.json
   if [[ "$rate" == local ]]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none || overall=1
+    local_args=()
+    if (( RPH > 1 )); then
+      # One machine: hosts emulated for thc (and the tool's host-link figures) by THC_HIER_HOSTS.
+      THC_HIER_HOSTS=$(printf "$RPH,%.0s" $(seq "$NHOSTS")); export THC_HIER_HOSTS=${THC_HIER_HOSTS%,}
+      local_args=(-x THC_HIER_HOSTS)
+    fi
+    "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none "${local_args[@]+"${local_args[@]}"}" || overall=1
   else
     # The runner expands $THC_TESTBED_MPIRUN_ARGS inside the testbed's host namespace h0.
-    testbed_args=(--hosts "$NP" --rate "$rate" --prefix "thccmp$$")
+    testbed_args=(--hosts "$NHOSTS" --slots "$RPH" --rate "$rate" --prefix "$PREFIX")
     (( NEED_AGG )) && testbed_args+=(--switch-ip --agg-hosts 2)
     bash "$TESTBED" "${testbed_args[@]}" -- \
       bash -c 'r="$1"; shift; exec "$@" "$r" mpirun -np '"$NP"' $THC_TESTBED_MPIRUN_ARGS' _ "$rate" "$RUNNER" \
@@ -219,9 +247,9 @@ for rate in $RATES; do
 done
 
 # ---- tables and plot data
-python3 - "$OUT" "$RATES" "$CONFIGS" "$NP" <<'EOF'
+python3 - "$OUT" "$RATES" "$CONFIGS" "$NP" "$RPH" <<'EOF'
 import json, os, re, sys
-out, rates, configs, np_ = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
+out, rates, configs, np_, rph = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4], int(sys.argv[5])
 n = int(np_)
 
 def rate_bytes_per_s(rate):
@@ -232,17 +260,19 @@ def rate_bytes_per_s(rate):
 
 def wire_limit_s(c, row, bps):
     """Time the busiest link needs for this config's bytes at the shaped rate: each host's link
-    carries max(up, down) per element (full duplex); an aggregator on a host of its own carries
-    n workers' traffic on its one link (half of it each with two aggregator hosts)."""
+    carries, in its busier direction (full duplex), what all of its ranks exchange with other
+    hosts (the tool's host_link_per_elem; older JSON: max(up, down) of one rank); an aggregator
+    on a host of its own carries n workers' traffic on its one link (half of it each with two
+    aggregator hosts)."""
     if bps is None:
         return None
     up = row.get("wire_up_per_elem", row["wire_bytes_per_elem"])
     down = row.get("wire_down_per_elem", row["wire_bytes_per_elem"])
-    per_elem = max(up, down)
+    per_elem = row.get("host_link_per_elem") or max(up, down)
     if c.endswith("-agg-host"):
-        per_elem *= n
+        per_elem = max(per_elem, max(up, down) * n)
     elif c.endswith("-agg-2hosts"):
-        per_elem *= n / 2
+        per_elem = max(per_elem, max(up, down) * n / 2)
     return per_elem * row["count"] / bps
 
 def human(b):
@@ -251,7 +281,8 @@ def human(b):
             return f"{b / f:g} {unit}"
     return f"{b} B"
 
-md = [f"# thc_allreduce_perf comparison: {np_} ranks", "",
+layout = f"{np_} ranks" + (f" ({n // rph} hosts x {rph} ranks)" if rph > 1 else "")
+md = [f"# thc_allreduce_perf comparison: {layout}", "",
       "time = average over -n iterations of the slowest rank; busbw = size/time * 2(n-1)/n (nccl-tests); "
       "wire = bytes per element on each rank's link in its busier direction (aggregator configs: counted "
       "datagrams, headers included); wire limit = the busiest link's bytes at the shaped rate; "
@@ -286,9 +317,11 @@ for rate in rates:
     base = runs.get("none")
     ring = runs.get("none-ring")
     bps = rate_bytes_per_s(rate)
-    md += ["| config | algo ran | wire B/elem (busier way) | worst nmse | time at the largest size (ms) | "
+    host_col = rph > 1  # several ranks share a host link: show what crosses it
+    md += ["| config | algo ran | wire B/elem (busier way) | " + ("host link B/elem | " if host_col else "") +
+           "worst nmse | time at the largest size (ms) | "
            "wire limit (ms) | share of wire limit | speedup vs none | speedup vs none-ring | retransmissions | status |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---:|" + ("---:|" if host_col else "") + "---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in configs:
         v = runs[c]
         if not v or not v["rows"]:
@@ -306,8 +339,9 @@ for rate in rates:
         rt = "-"
         if last.get("packets"):
             rt = f"{100 * last['retransmissions'] / last['packets']:.2f} %"
-        algos = sorted({r["algo"] for r in v["rows"]})
-        md.append(f"| {c} | {','.join(algos)} | {last['wire_bytes_per_elem']:.3f} | {v['worst_nmse']:.3g} | "
+        algos = sorted({r["algo"] + ("/hier" if r.get("hier_hosts") else "") for r in v["rows"]})
+        hl = f"{last.get('host_link_per_elem', 0):.3f} | " if host_col else ""
+        md.append(f"| {c} | {','.join(algos)} | {last['wire_bytes_per_elem']:.3f} | {hl}{v['worst_nmse']:.3g} | "
                   f"{last['time_us'] / 1e3:.1f} | {lim_s} | {share} | {speedup(base)} | {speedup(ring)} | {rt} | "
                   f"{'ok' if v['ok'] else 'NMSE above bound ' + str(v['nmse_bound'])} |")
     md.append("")

@@ -74,6 +74,13 @@ thc_status_t make_comm(const char* where, std::unique_ptr<transport::Reducer>* r
 thc_status_t create_comm(std::unique_ptr<transport::Reducer> r, const thc_config_t* cfg, thc_comm_t* comm) {
   return make_comm("thc_comm_create", &r, cfg, comm);
 }
+
+thc_status_t create_composite(std::unique_ptr<Composite> c, thc_comm_t* comm) {
+  return guard("thc_comm_create", [&] {
+    if (!comm) fail(Status::kInvalidArgument, "comm is NULL");
+    *comm = new thc_comm_s(std::move(c));
+  });
+}
 }  // namespace thc::capi
 
 using thc::capi::make_comm;
@@ -128,6 +135,10 @@ thc_status_t thc_comm_destroy(thc_comm_t comm) {
     if (!w.empty())
       std::fprintf(stderr, "thc: rank %d %s: %s\n", comm->engine->rank(), comm->engine->reducer().name().c_str(), w.c_str());
   }
+  if (comm && comm->composite && comm->composite->config().debug) {
+    const std::string w = comm->composite->wire_stats();
+    if (!w.empty()) std::fprintf(stderr, "thc: rank %d %s\n", comm->composite->rank(), w.c_str());
+  }
   delete comm;
   return THC_SUCCESS;
 }
@@ -135,14 +146,14 @@ thc_status_t thc_comm_destroy(thc_comm_t comm) {
 thc_status_t thc_comm_rank(thc_comm_t comm, int* rank) {
   return guard("thc_comm_rank", [&] {
     if (!comm || !rank) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
-    *rank = comm->engine->rank();
+    *rank = comm->engine ? comm->engine->rank() : comm->composite->rank();
   });
 }
 
 thc_status_t thc_comm_size(thc_comm_t comm, int* size) {
   return guard("thc_comm_size", [&] {
     if (!comm || !size) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
-    *size = comm->engine->size();
+    *size = comm->engine ? comm->engine->size() : comm->composite->size();
   });
 }
 
@@ -197,24 +208,30 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
       thc_comm_t c;
       ~CopyStats() {
         std::lock_guard<std::mutex> lk(c->stats_mu);
-        c->stats = c->engine->stats();
+        c->stats = c->engine ? c->engine->stats() : c->composite->stats();
       }
     } copy_stats{comm};
-    comm->engine->allreduce(static_cast<thc::codec::Scheme>(scheme), sendbuf, recvbuf, count,
-                            thc::capi::to_dtype(dtype), op == THC_OP_AVG, state ? &state->ef : nullptr);
+    const auto sch = static_cast<thc::codec::Scheme>(scheme);
+    const thc::engine::DType dt = thc::capi::to_dtype(dtype);
+    thc::engine::ErrorFeedback* ef = state ? &state->ef : nullptr;
+    if (comm->engine) {
+      comm->engine->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
+    } else {
+      comm->composite->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
+    }
   });
 }
 
 thc_status_t thc_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype, thc_op_t op,
                            thc_comm_t comm, thc_state_t state) {
-  const thc_scheme_t s = (comm && comm->engine->config().uniform) ? THC_SCHEME_UHC : THC_SCHEME_THC;
+  const thc_scheme_t s = (comm && comm->config().uniform) ? THC_SCHEME_UHC : THC_SCHEME_THC;
   return thc_allreduce_scheme(s, sendbuf, recvbuf, count, dtype, op, comm, state);
 }
 
 thc_status_t cnat_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype, thc_op_t op,
                             thc_comm_t comm, thc_state_t state) {
   const thc_scheme_t s =
-      (comm && comm->engine->config().nat_scheme == THC_SCHEME_DNAT) ? THC_SCHEME_DNAT : THC_SCHEME_CNAT;
+      (comm && comm->config().nat_scheme == THC_SCHEME_DNAT) ? THC_SCHEME_DNAT : THC_SCHEME_CNAT;
   return thc_allreduce_scheme(s, sendbuf, recvbuf, count, dtype, op, comm, state);
 }
 
@@ -232,6 +249,7 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats) {
     stats->measured_wire = s.measured_wire ? 1 : 0;
     stats->packets = s.packets;
     stats->retransmissions = s.retransmissions;
+    stats->hier_hosts = comm->composite ? comm->composite->hosts() : 0;
   });
 }
 

@@ -9,12 +9,36 @@
 #include "collectives/engine/engine.h"
 #include "thc/thc.h"
 
+namespace thc::capi {
+// A communicator whose calls compose engines instead of being one engine's: the hierarchical
+// MPI allreduce (mpi_wrappers/hier.h) reduces floats inside each host and runs an engine across
+// hosts. Same contract as Engine::allreduce: collective, every rank fails alike.
+class Composite {
+ public:
+  virtual ~Composite() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const thc_config_t& config() const = 0;
+  virtual void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, engine::DType dtype,
+                         bool mean, engine::ErrorFeedback* ef) = 0;
+  virtual engine::EngineStats stats() const = 0;
+  // Hosts the compressed stage spans (thc_stats_t::hier_hosts).
+  virtual int hosts() const = 0;
+  // THC_DEBUG line at destruction ("" if none).
+  virtual std::string wire_stats() const { return {}; }
+};
+}  // namespace thc::capi
+
 // A communicator takes one call at a time (thc.h): `busy` turns a second thread's concurrent
 // call into an error instead of a data race; statistics are read from a copy taken after each
-// call, so thc_comm_stats may run on any thread at any time.
+// call, so thc_comm_stats may run on any thread at any time. Exactly one of engine and
+// composite runs the calls.
 struct thc_comm_s {
   explicit thc_comm_s(std::unique_ptr<thc::engine::Engine> e) : engine(std::move(e)) {}
+  explicit thc_comm_s(std::unique_ptr<thc::capi::Composite> c) : composite(std::move(c)) {}
+  const thc_config_t& config() const { return engine ? engine->config() : composite->config(); }
   std::unique_ptr<thc::engine::Engine> engine;
+  std::unique_ptr<thc::capi::Composite> composite;
   std::atomic<bool> busy{false};
   std::mutex stats_mu;
   thc::engine::EngineStats stats;
@@ -33,4 +57,6 @@ engine::DType to_dtype(thc_dtype_t t);
 // For backends built beside the C API (MPI, aggregator clients): wrap a reducer in a
 // communicator (collective over the reducer's ranks: agrees on the seed).
 thc_status_t create_comm(std::unique_ptr<transport::Reducer> r, const thc_config_t* cfg, thc_comm_t* comm);
+// A communicator whose calls go to c.
+thc_status_t create_composite(std::unique_ptr<Composite> c, thc_comm_t* comm);
 }  // namespace thc::capi

@@ -51,6 +51,8 @@ const std::vector<Knob>& knobs() {
       THC_KNOB_STR("THC_COLLNET_AGGREGATOR", collnet_aggregator, "", "NCCL plugin (libnccl-net-thc.so): aggregator address(es) of CollNet allreduces, handed to the aggregator client unchanged (e.g. udp://10.0.0.1:9471); empty: no CollNet device"),
       THC_KNOB("THC_COLLNET_SCHEME", kEnum, collnet_scheme, "thc", "thc=0|uhc=1|cnat=2|dnat=3", "NCCL plugin: compression of CollNet allreduces (THC, uniform THC, Cnat, natural dithering)"),
       THC_KNOB("THC_THREADS", kInt, threads, "1", nullptr, "host codec threads per rank for prelude, encode and decode (1..256; 1 = the calling thread only, right when ranks share the cores)"),
+      THC_KNOB("THC_HIER", kEnum, hier, "auto", "auto=-1|0=0|1=1", "MPI communicators: float reduce-scatter inside each host over shared memory, compressed allreduce across hosts (sharded over the host's ranks), allgather inside the host; auto = on with more than one host and more than one rank on some host, 1 = on with more than one host"),
+      THC_KNOB_STR("THC_HIER_HOSTS", hier_hosts, "", "test aid: emulate hosts for THC_HIER on one machine: sizes of consecutive blocks of MPI_COMM_WORLD ranks (e.g. 2,2 or 3,1) instead of the MPI_COMM_TYPE_SHARED split; empty: the real split"),
   };
   return table;
 }

@@ -104,6 +104,9 @@ typedef struct thc_config {
   char collnet_aggregator[512]; /* THC_COLLNET_AGGREGATOR: NCCL plugin: aggregator address(es); "" = no CollNet */
   int collnet_scheme;    /* THC_COLLNET_SCHEME: NCCL plugin: thc_scheme_t of CollNet allreduces */
   int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
+  int hier;              /* THC_HIER: hierarchical allreduce on MPI communicators: -1 auto, 0 off, 1 on */
+  char hier_hosts[256];  /* THC_HIER_HOSTS: test aid: emulated hosts ("2,2": MPI_COMM_WORLD ranks 0-1 on
+                          * one host, 2-3 on another) instead of MPI_COMM_TYPE_SHARED; "" = the real split */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;
@@ -167,6 +170,9 @@ typedef struct thc_stats {
   int measured_wire;         /* 1: the wire bytes are counted datagrams (aggregator communicators) */
   uint64_t packets;          /* aggregator communicators: data packets sent (first transmissions) */
   uint64_t retransmissions;  /* aggregator communicators: data packets sent again */
+  int hier_hosts;            /* hierarchical MPI communicators (THC_HIER): the hosts the compressed
+                              * stage spans; the wire bytes are this rank's share of that stage (what
+                              * crosses hosts), elements and float_bytes the whole calls'. 0: flat */
 } thc_stats_t;
 thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
 

@@ -12,6 +12,12 @@
  * writes sendbuf must be complete before the call; the call returns with recvbuf written.
  * Ranks may mix host and device buffers in one call.
  *
+ * Several ranks per host (THC_HIER, default auto): on a communicator that spans several hosts with
+ * more than one rank on some host, calls reduce the floats inside each host over shared memory
+ * (MPI_COMM_TYPE_SHARED), run the compressed allreduce across hosts sharded over the host's ranks,
+ * and share the result inside the host; thc_comm_create_mpi decides collectively (README,
+ * "Several ranks per host").
+ *
  * Waits: every MPI wait of thc (communicator creation included) gives up after THC_TIMEOUT_MS
  * (<= 0: no bound, as in MPI) with THC_ERR_TIMEOUT. MPI can neither cancel nor free a started
  * collective: the timed-out operation stays posted, the communicator refuses later calls

@@ -8,14 +8,23 @@
 //   wire_B/elem  bytes each rank sends per element (= receives): for thc schemes from
 //                thc_comm_stats, (up + down) * (n-1)/n -- a ring allreduce of values moves
 //                (n-1)/n of them in each phase, the colocated PS (n-1)/n of the indices up and
-//                of the sums down; for --scheme none a ring allreduce's 2(n-1)/n * element size;
+//                of the sums down; on a hierarchical communicator (THC_HIER) the compressed stage's
+//                (H-1)/H share across H hosts; for --scheme none a ring allreduce's
+//                2(n-1)/n * element size (bf16: 2 bytes);
 //                with --aggregator the datagrams this rank's link carried, counted (headers,
 //                retransmissions and the prelude included, no model), in its busier direction
 //                (the JSON has both: wire_up_per_elem, wire_down_per_elem)
 //   nmse         ||est - exact||^2 / ||exact||^2 over the -c check iterations (worst), where exact
 //                is MPI_Allreduce on MPI_DOUBLE of the same (typed) inputs
-//   algo         int | ps (what thc ran) or mpi (--scheme none)
-// instead of #wrong. Exits 1 when a check exceeds --nmse-bound.
+//   algo         int | ps (what thc ran) or mpi (--scheme none, bf16)
+// instead of #wrong. Exits 1 when a check exceeds --nmse-bound. The --json rows also hold
+// host_link_per_elem: what the busiest host's link carries per element, in its busier direction,
+// summed over the ranks of that host (MPI_COMM_TYPE_SHARED, or THC_HIER_HOSTS where set), so that
+// layouts with several ranks per host compare against their wire limit.
+//
+// --scheme bf16 is the baseline Horovod / PyTorch DDP users turn on first: float32 -> bfloat16
+// (round to nearest even), MPI_Allreduce with a user op that adds bfloat16 pairs in float and
+// rounds back to nearest even, -> float32 (2x compression; the conversions are timed).
 //
 // --device puts the buffers in CUDA device memory (rank r on device r mod #devices), as
 // nccl-tests do: thc then runs its codec on the GPU and stages only compressed integers through
@@ -69,6 +78,10 @@ using thc::engine::float_to_half;
 using thc::engine::half_to_float;
 
 int g_rank = 0, g_size = 1;
+// This rank's host (MPI_COMM_TYPE_SHARED, or the hosts THC_HIER_HOSTS emulates) and the layout.
+MPI_Comm g_host_comm = MPI_COMM_NULL;
+int g_hosts = 1, g_host_rank = 0, g_host_size = 1, g_host_size_max = 1;
+bool g_hosts_emulated = false;
 
 // A usage or configuration error every rank detects alike: rank 0 says it, all leave cleanly.
 [[noreturn]] void die_all(const std::string& msg) {
@@ -155,8 +168,9 @@ void store(void* buf, thc_dtype_t t, size_t i, double v) {
   }
 }
 
-// 16-bit float SUM for --scheme none (MPI has no half/bfloat16 arithmetic of its own): the sum of
-// two values is computed in float and rounded back, as a 16-bit MPI_Allreduce would.
+// 16-bit float SUM for --scheme none on half/bfloat16 inputs and for --scheme bf16 (MPI has no
+// half/bfloat16 arithmetic of its own): the sum of two values is computed in float and rounded
+// back to nearest even, as a 16-bit MPI_Allreduce (or a bf16 compression hook's op) would.
 MPI_Datatype g_f16 = MPI_DATATYPE_NULL, g_bf16 = MPI_DATATYPE_NULL;
 void sum16(void* in, void* inout, int* len, MPI_Datatype* dt) {
   const auto* a = static_cast<const uint16_t*>(in);
@@ -216,7 +230,42 @@ struct Row {
   double time_us, algbw, busbw, wire, nmse;
   uint64_t packets = 0, retrans = 0;  // aggregator communicators: over all ranks
   double wire_up = 0, wire_down = 0;  // per element and rank, each direction (wire = up + down)
+  double host_link = 0;               // per element on the busiest host link, its busier direction
+  int hier_hosts = 0;                 // the compressed stage's hosts (hierarchical), 0: flat
 };
+
+// The host layout: what the library's THC_HIER split sees (THC_HIER_HOSTS: consecutive blocks
+// of MPI_COMM_WORLD ranks of the given sizes, a test aid).
+void find_hosts() {
+  int colour = -1;
+  if (const char* e = std::getenv("THC_HIER_HOSTS"); e && *e) {
+    const std::string v = e;
+    size_t pos = 0;
+    int acc = 0, h = 0;
+    while (pos <= v.size()) {
+      const size_t comma = std::min(v.find(',', pos), v.size());
+      const std::string item = v.substr(pos, comma - pos);
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
+        die_all("THC_HIER_HOSTS='" + v + "': expected host sizes like 2,2");
+      acc += std::stoi(item);
+      if (colour < 0 && g_rank < acc) colour = h;
+      ++h;
+      pos = comma + 1;
+    }
+    if (acc != g_size) die_all("THC_HIER_HOSTS='" + v + "' does not place all " + std::to_string(g_size) + " ranks");
+    g_hosts_emulated = true;
+  }
+  if (colour >= 0) {
+    MPI_Comm_split(MPI_COMM_WORLD, colour, g_rank, &g_host_comm);
+  } else {
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &g_host_comm);
+  }
+  MPI_Comm_rank(g_host_comm, &g_host_rank);
+  MPI_Comm_size(g_host_comm, &g_host_size);
+  const int first = g_host_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&first, &g_hosts, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&g_host_size, &g_host_size_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+}
 
 double cpu_seconds() {
   rusage ru{};
@@ -262,8 +311,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("-d,--datatype", o.dtype, "float | half | bfloat16 | double");
   app.add_option("-o,--op", o.op, "sum | avg")->check(CLI::IsMember({"sum", "avg"}));
-  app.add_option("--scheme", o.scheme, "none (float MPI_Allreduce) | thc | uhc | cnat | dnat")
-      ->check(CLI::IsMember({"none", "thc", "uhc", "cnat", "dnat"}));
+  app.add_option("--scheme", o.scheme,
+                 "none (float MPI_Allreduce) | bf16 (float32 -> bfloat16 MPI_Allreduce -> float32, the DDP/Horovod "
+                 "compression hook) | thc | uhc | cnat | dnat")
+      ->check(CLI::IsMember({"none", "bf16", "thc", "uhc", "cnat", "dnat"}));
   app.add_option("--algo", o.algo, "auto | int (integer allreduce of values) | ps (colocated parameter server)");
   app.add_option("--bits", o.bits, "THC index bits b (default THC_BITS or 4)");
   app.add_option("--granularity,-g", o.granularity, "THC granularity g (default THC_GRANULARITY or 30)");
@@ -308,7 +359,15 @@ int main(int argc, char** argv) {
   if (o.factor <= 1 && o.step_bytes == 0 && o.max_bytes > o.min_bytes) die_all("-i 0 with -f 1 would never reach -e");
   if (o.factor < 1) die_all("-f must be at least 1");
   const TypeInfo ti = type_info(o.dtype);
+  find_hosts();
   const bool none = o.scheme == "none";
+  const bool bf16 = o.scheme == "bf16";
+  const bool thc_run = !none && !bf16;  // a thc communicator runs the calls
+  if (bf16) {
+    if (ti.thc != THC_FLOAT32) die_all("--scheme bf16 compresses float32 gradients: use -d float");
+    if (o.device || o.nccl || !o.aggregator.empty() || o.ef)
+      die_all("--scheme bf16 runs on host buffers over MPI (no --device, --nccl, --aggregator, --ef)");
+  }
   if (o.nccl) {
     if (!none) die_all("--nccl: NCCL reduces; compression is its net plugin's (THC_COLLNET_SCHEME), keep --scheme none");
     if (!o.aggregator.empty()) die_all("--nccl: the aggregator is the plugin's (THC_COLLNET_AGGREGATOR), not --aggregator");
@@ -324,7 +383,7 @@ int main(int argc, char** argv) {
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
       die_all(std::string(o.nccl ? "--nccl" : "--device") + ": no CUDA device");
     if (cudaSetDevice(g_rank % ndev) != cudaSuccess) die("--device: cudaSetDevice failed");
-    if (ti.thc == THC_FLOAT64 && !none) die_all("--device: the GPU codec takes float, half and bfloat16");
+    if (ti.thc == THC_FLOAT64 && thc_run) die_all("--device: the GPU codec takes float, half and bfloat16");
     // libthc_cuda registers its device path when loaded; naming it also serves static builds.
     thc::engine::set_device_backend(thc::cuda::engine_backend());
   }
@@ -343,7 +402,8 @@ int main(int argc, char** argv) {
   else die_all("--algo '" + o.algo + "' is not available in this build (auto, int, ps)");
   double bound = o.nmse_bound;
   if (bound < 0) {
-    if (!none) bound = 0.1;
+    if (bf16) bound = 1e-3;
+    else if (!none) bound = 0.1;
     else if (ti.thc == THC_FLOAT32) bound = 1e-10;
     else if (ti.thc == THC_FLOAT64) bound = 1e-24;
     else if (ti.thc == THC_FLOAT16) bound = 1e-5;
@@ -370,7 +430,7 @@ int main(int argc, char** argv) {
   if (o.seed) cfg.seed = o.seed;
   cfg.algo = algo;
   thc_comm_t tc = nullptr;
-  if (!none) {
+  if (thc_run) {
     thc_status_t st;
     if (!o.aggregator.empty()) {
       uint64_t ids[2] = {0, 0};
@@ -431,6 +491,9 @@ int main(int argc, char** argv) {
 #endif
     } else if (none) {
       std::printf("# scheme: none (MPI_Allreduce on %s)", ti.name);
+    } else if (bf16) {
+      std::printf("# scheme: bf16 (float -> bfloat16, MPI_Allreduce with a bfloat16 SUM op in float, round to nearest "
+                  "even, -> float)");
     } else {
       std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
       if (scheme == THC_SCHEME_THC || scheme == THC_SCHEME_UHC)
@@ -442,7 +505,20 @@ int main(int argc, char** argv) {
                   o.aggregator.empty() ? "" : " aggregator: ", o.aggregator.c_str());
     }
     std::printf(" buffers: %s", o.device ? "device" : "host");
-    std::printf(" nmse bound: %g\n#\n# Using ranks\n", bound);
+    std::printf(" nmse bound: %g\n", bound);
+    std::printf("# hosts: %d, up to %d ranks per host (%s)", g_hosts, g_host_size_max,
+                g_hosts_emulated ? "THC_HIER_HOSTS" : "MPI_COMM_TYPE_SHARED");
+    if (thc_run && !o.aggregator.empty()) {
+      std::printf("; thc: aggregator");
+    } else if (thc_run) {
+      thc_stats_t st{};
+      thc_comm_stats(tc, &st);
+      if (st.hier_hosts > 0)
+        std::printf("; thc: hierarchical (THC_HIER), compressed stage across %d hosts", st.hier_hosts);
+      else
+        std::printf("; thc: flat");
+    }
+    std::printf("\n#\n# Using ranks\n");
   }
   {
     char host[64] = {0};
@@ -480,7 +556,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < count; ++i) store(send.data(), ti.thc, i, n01(gen));
     }
     thc_state_t state = nullptr;
-    if (o.ef && !none && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
+    if (o.ef && thc_run && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
+    std::vector<uint16_t> b16(bf16 ? count + 4 : 0);
 
     // --device: the same inputs in device memory; results come back to recv for the checks.
     char* dsend = nullptr;
@@ -525,6 +602,13 @@ int main(int argc, char** argv) {
         if (avg)
           for (size_t i = 0; i < count; ++i) store(r, ti.thc, i, load(r, ti.thc, i) / g_size);
         if (o.device) copy(drecv, r, bytes, true);
+      } else if (bf16) {
+        const float* x = reinterpret_cast<const float*>(send.data());
+        float* y = reinterpret_cast<float*>(recv.data());
+        for (size_t i = 0; i < count; ++i) b16[i] = float_to_bf16(x[i]);
+        mpi_allreduce_big(MPI_IN_PLACE, b16.data(), count, g_bf16, 2, g_sum16);
+        const float scale = avg ? 1.0f / static_cast<float>(g_size) : 1.0f;
+        for (size_t i = 0; i < count; ++i) y[i] = bf16_to_float(b16[i]) * scale;
       } else if (const thc_status_t st = thc_allreduce_scheme(scheme, o.device ? dsend : send.data(),
                                                               o.device ? drecv : recv.data(), count, ti.thc, top, tc,
                                                               state);
@@ -549,7 +633,7 @@ int main(int argc, char** argv) {
 
     for (int i = 0; i < o.warmup; ++i) run_once();
     thc_stats_t s0{}, s1{};
-    if (!none) thc_comm_stats(tc, &s0);
+    if (thc_run) thc_comm_stats(tc, &s0);
     MPI_Barrier(MPI_COMM_WORLD);
     const double c0 = cpu_seconds();
     const double t0 = MPI_Wtime();
@@ -562,7 +646,7 @@ int main(int argc, char** argv) {
     double cpu_sum = 0;
     MPI_Reduce(&cpu_mine, &cpu_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Allreduce(&dt, &dtmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (!none) thc_comm_stats(tc, &s1);
+    if (thc_run) thc_comm_stats(tc, &s1);
 
     Row row;
     row.size = bytes;
@@ -572,11 +656,18 @@ int main(int argc, char** argv) {
     row.time_us = dtmax * 1e6;
     row.algbw = dtmax > 0 ? static_cast<double>(bytes) / 1e9 / dtmax : 0;
     row.busbw = row.algbw * (g_size > 1 ? 2.0 * (g_size - 1) / g_size : 0.0);
-    const double share = g_size > 1 ? (g_size - 1.0) / g_size : 0.0;
-    if (none) {
-      row.wire = 2.0 * share * static_cast<double>(ti.size);
+    // The compressed stage's ranks: all (flat) or one per host (hierarchical).
+    const int peers = thc_run && s1.hier_hosts > 0 ? s1.hier_hosts : g_size;
+    const double share = peers > 1 ? (peers - 1.0) / peers : 0.0;
+    // What crosses this rank's host link per element, each way (see host_link_per_elem).
+    double cross_up = 0, cross_down = 0;
+    if (!thc_run) {
+      row.wire = 2.0 * share * static_cast<double>(bf16 ? 2 : ti.size);
       row.wire_up = row.wire_down = row.wire;  // a ring sends and receives the same
       row.algo = o.nccl ? "nccl" : "mpi";
+      // A ring over ranks placed host by host crosses each host's link once each way: the
+      // host's first rank carries it.
+      if (g_hosts > 1 && g_host_rank == 0) cross_up = cross_down = row.wire;
     } else {
       const double elems = static_cast<double>(s1.elements - s0.elements);
       const double wb = static_cast<double>((s1.wire_bytes_up - s0.wire_bytes_up) + (s1.wire_bytes_down - s0.wire_bytes_down));
@@ -586,16 +677,31 @@ int main(int argc, char** argv) {
         row.wire_up = elems > 0 ? static_cast<double>(s1.wire_bytes_up - s0.wire_bytes_up) / elems : 0;
         row.wire_down = elems > 0 ? static_cast<double>(s1.wire_bytes_down - s0.wire_bytes_down) / elems : 0;
         row.wire = std::max(row.wire_up, row.wire_down);
+        cross_up = row.wire_up;
+        cross_down = row.wire_down;
       } else {
-        // MPI algorithms move the same bytes each way: a (n-1)/n share of up + down per rank.
+        // MPI algorithms move the same bytes each way: a (n-1)/n share of up + down per rank
+        // (the compressed stage's (H-1)/H across hosts when hierarchical).
         row.wire = elems > 0 ? share * wb / elems : 0;
         row.wire_up = row.wire_down = row.wire;
+        // Flat: the part of it exchanged with ranks on other hosts, (n - L)/(n - 1);
+        // hierarchical: all of it.
+        const double off_host = s1.hier_hosts > 0 || g_size < 2 ? 1.0 : (g_size - g_host_size) / (g_size - 1.0);
+        cross_up = cross_down = row.wire * off_host;
       }
       uint64_t mine[2] = {s1.packets - s0.packets, s1.retransmissions - s0.retransmissions}, all[2] = {0, 0};
       MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
       row.packets = all[0];
       row.retrans = all[1];
       row.algo = s1.calls == 0 ? "-" : (s1.last_algo == THC_ALGO_PS ? "ps" : "int");
+    }
+    {
+      double mine[2] = {cross_up, cross_down}, host[2] = {0, 0}, busiest = 0;
+      MPI_Allreduce(mine, host, 2, MPI_DOUBLE, MPI_SUM, g_host_comm);
+      const double link = std::max(host[0], host[1]);
+      MPI_Allreduce(&link, &busiest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      row.host_link = busiest;
+      row.hier_hosts = thc_run ? s1.hier_hosts : 0;
     }
 
     // ---- checks: worst NMSE against MPI_Allreduce in float64 of the same (typed) inputs
@@ -607,7 +713,7 @@ int main(int argc, char** argv) {
       if (avg)
         for (auto& v : exact) v /= g_size;
       thc_state_t cstate = nullptr;  // checks keep their own error-feedback residual
-      if (o.ef && !none && thc_state_create(&cstate) != THC_SUCCESS) die(thc_last_error());
+      if (o.ef && thc_run && thc_state_create(&cstate) != THC_SUCCESS) die(thc_last_error());
       std::swap(state, cstate);
       for (int c = 0; c < o.checks; ++c) {
         run_once();
@@ -667,7 +773,8 @@ int main(int argc, char** argv) {
       f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
         << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
         << "\",\n  \"nccl\": " << (o.nccl ? "true" : "false") << ",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
-      if (!none)
+      f << ",\n  \"hosts\": " << g_hosts << ",\n  \"ranks_per_host\": " << g_host_size_max;
+      if (thc_run)
         f << ",\n  \"config\": {\"bits\": " << cfg.bits << ", \"granularity\": " << cfg.granularity << ", \"p\": "
           << json_num(cfg.p) << ", \"block\": " << cfg.block << ", \"nat_width\": " << cfg.nat_width
           << ", \"nat_levels\": " << cfg.nat_levels << ", \"dnat_norm\": " << cfg.dnat_norm << ", \"bidir\": "
@@ -680,6 +787,7 @@ int main(int argc, char** argv) {
           << ", \"algbw\": " << json_num(r.algbw) << ", \"busbw\": " << json_num(r.busbw)
           << ", \"wire_bytes_per_elem\": " << json_num(r.wire) << ", \"nmse\": " << json_num(r.nmse)
           << ", \"wire_up_per_elem\": " << json_num(r.wire_up) << ", \"wire_down_per_elem\": " << json_num(r.wire_down)
+          << ", \"host_link_per_elem\": " << json_num(r.host_link) << ", \"hier_hosts\": " << r.hier_hosts
           << ", \"packets\": " << r.packets << ", \"retransmissions\": " << r.retrans
           << ", \"algo\": \"" << r.algo << "\"}";
       }
@@ -693,6 +801,7 @@ int main(int argc, char** argv) {
   if (nc) ncclCommDestroy(nc);
   if (stream) cudaStreamDestroy(stream);
 #endif
+  MPI_Comm_free(&g_host_comm);
   MPI_Op_free(&g_sum16);
   MPI_Type_free(&g_f16);
   MPI_Type_free(&g_bf16);

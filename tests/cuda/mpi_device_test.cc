@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -138,6 +139,54 @@ TEST_F(MpiDeviceTest, NonFiniteOnOneRankFailsEverywhere) {
   // and the communicator still works
   DevBuf<float> y(dyadic(count, rank()));
   EXPECT_EQ(THC_Allreduce(MPI_IN_PLACE, y.get(), count, MPI_FLOAT, MPI_SUM, dev_), MPI_SUCCESS) << thc_last_error();
+}
+
+// A hierarchical communicator (THC_HIER, hosts emulated by THC_HIER_HOSTS) runs calls with device
+// buffers on any rank flat, on every rank: the bits of a flat communicator with the same seed,
+// also when only some ranks pass device memory. Host-buffer calls stay hierarchical.
+TEST_F(MpiDeviceTest, HierarchicalCommunicatorRunsDeviceCallsFlat) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  thc_config_t flat_cfg;
+  ASSERT_EQ(thc_config_init(&flat_cfg), THC_SUCCESS);
+  flat_cfg.hier = 0;
+  thc_config_t hier_cfg = flat_cfg;
+  hier_cfg.hier = 1;
+  std::snprintf(hier_cfg.hier_hosts, sizeof hier_cfg.hier_hosts, "%d,1", world() - 1);
+  thc_comm_t flat, hier;
+  ASSERT_EQ(thc_comm_create_mpi(host_, &flat_cfg, &flat), THC_SUCCESS) << thc_last_error();
+  ASSERT_EQ(thc_comm_create_mpi(dev_, &hier_cfg, &hier), THC_SUCCESS) << thc_last_error();
+  thc_stats_t st;
+  ASSERT_EQ(thc_comm_stats(hier, &st), THC_SUCCESS);
+  ASSERT_EQ(st.hier_hosts, 2);
+  const size_t count = 7 * 1024 + 9;
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<float> x = dyadic(count, 13 * rank() + k);
+    std::vector<float> want(count);
+    ASSERT_EQ(thc_allreduce(x.data(), want.data(), count, THC_FLOAT32, THC_OP_SUM, flat, nullptr), THC_SUCCESS)
+        << thc_last_error();
+    // call 0: device buffers everywhere; call 1: on rank 0 only
+    const bool on_device = k == 0 || rank() == 0;
+    std::vector<float> got(count);
+    if (on_device) {
+      DevBuf<float> ds(x), dr(count);
+      ASSERT_EQ(thc_allreduce(ds.get(), dr.get(), count, THC_FLOAT32, THC_OP_SUM, hier, nullptr), THC_SUCCESS)
+          << thc_last_error();
+      got = dr.download();
+    } else {
+      ASSERT_EQ(thc_allreduce(x.data(), got.data(), count, THC_FLOAT32, THC_OP_SUM, hier, nullptr), THC_SUCCESS)
+          << thc_last_error();
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), count * 4), 0) << "call " << k;
+  }
+  // host buffers everywhere: the hierarchical path (its compressed stage's bytes only)
+  const std::vector<float> x = dyadic(count, 99 + rank());
+  std::vector<float> a(count);
+  ASSERT_EQ(thc_allreduce(x.data(), a.data(), count, THC_FLOAT32, THC_OP_SUM, hier, nullptr), THC_SUCCESS)
+      << thc_last_error();
+  ASSERT_EQ(thc_comm_stats(hier, &st), THC_SUCCESS);
+  EXPECT_EQ(st.calls, 3u);
+  thc_comm_destroy(flat);
+  thc_comm_destroy(hier);
 }
 
 TEST_F(MpiDeviceTest, IntegerAverageOnDeviceIsRefused) {

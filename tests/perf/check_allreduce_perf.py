@@ -69,9 +69,10 @@ def check_rows(ctx, rows, js, dtype, op, sizes, scheme, algo=None, nmse_max=None
         check(abs(j["busbw"] - j["algbw"] * factor) <= 1e-7 * max(1e-9, j["busbw"]), f"json busbw {j}")
         check(abs(bus - alg * factor) <= 0.0011 + 1e-3 * bus, f"table busbw {bus} vs algbw {alg} * {factor}")
         wire, nm = float(r["wire_B/elem"]), float(r["nmse"])
-        if scheme == "none":
-            check(abs(wire - factor * ESIZE[dtype]) < 1e-3, f"none wire {wire}")
-            check(r["algo"] == "mpi", f"none algo {r['algo']}")
+        if scheme in ("none", "bf16"):
+            esize = 2 if scheme == "bf16" else ESIZE[dtype]
+            check(abs(wire - factor * esize) < 1e-3, f"{scheme} wire {wire}")
+            check(r["algo"] == "mpi", f"{scheme} algo {r['algo']}")
         elif "wire_up_per_elem" in j and "--aggregator" in ctx.get("last_args", []):
             # Counted datagrams: headers, the prelude and the JOIN make small sizes cost more than
             # float32 would; the largest size must be well below it, and up/down add up.
@@ -86,6 +87,10 @@ def check_rows(ctx, rows, js, dtype, op, sizes, scheme, algo=None, nmse_max=None
                 check(r["algo"] == algo, f"asked --algo {algo}, ran {r['algo']}")
         if nmse_max is not None:
             check(0 <= nm <= nmse_max, f"nmse {nm} > {nmse_max}")
+        # Every rank on this one machine: nothing crosses a host link unless hosts are emulated.
+        check("host_link_per_elem" in j, f"json row without host_link_per_elem: {j}")
+        if js["hosts"] == 1:
+            check(j["host_link_per_elem"] == 0, f"one host, host link {j['host_link_per_elem']}")
     check(js["ranks"] == n and js["ok"] is True, f"json header {js}")
 
 
@@ -124,6 +129,45 @@ def case_cnat(ctx):
     for algo in ("int", "ps"):
         sized(ctx, ["--block", "1024", "--algo", algo], scheme="cnat", algo=algo, nmse_max=0.125)
     sized(ctx, ["--block", "1024", "--dnat-norm", "inf"], scheme="dnat", nmse_max=0.2)
+
+
+def case_bf16(ctx):
+    """The DDP/Horovod bf16 compression hook: float32 in and out, 2 bytes per element on the ring,
+    the rounding error of bfloat16 (well above float32's, far below the compressed schemes')."""
+    rows = sized(ctx, [], scheme="bf16", nmse_max=1e-3)
+    if ctx["np"] > 1:
+        check(all(float(r["nmse"]) > 1e-8 for r in rows), f"bf16 rounds: nmse {[r['nmse'] for r in rows]}")
+    sized(ctx, [], scheme="bf16", op="avg", nmse_max=1e-3)
+    p = run(ctx, ["-n", "1", "-w", "0", "-b", "4K", "-e", "4K", "--scheme", "bf16", "-d", "half"], expect_rc=None)
+    check(p.returncode != 0 and "bf16" in p.stderr + p.stdout, f"bf16 on half input must be refused:\n{p.stderr}")
+
+
+def case_hier(ctx):
+    """Hosts emulated by THC_HIER_HOSTS: the tool reports the hierarchical compressed stage, the
+    wire share of its hosts, and what crosses the busiest host link (all ranks of a host)."""
+    n = ctx["np"]
+    hosts = ",".join(["2", str(n - 2)]) if n >= 3 else ",".join(["1"] * n)
+    nhosts = len(hosts.split(","))
+    env = dict(os.environ, THC_HIER_HOSTS=hosts, THC_HIER="1")
+    ctx = dict(ctx, mpiexec=ctx["mpiexec"] + ["-x", "THC_HIER_HOSTS", "-x", "THC_HIER"])
+    for scheme, bound in (("thc", 0.1), ("cnat", 0.125)):
+        with tempfile.TemporaryDirectory() as d:
+            jf = os.path.join(d, "rows.json")
+            p = run(ctx, ["-b", "64K", "-e", "64K", "-n", "1", "-w", "1", "-c", "1", "--block", "1024", "--algo", "ps",
+                          "--scheme", scheme, "--json", jf], env=env)
+            js = json.load(open(jf))
+        check(f"compressed stage across {nhosts} hosts" in p.stdout, f"header names the hierarchy:\n{p.stdout}")
+        check(js["hosts"] == nhosts, f"json hosts {js['hosts']} != {nhosts}")
+        row = js["rows"][0]
+        check(row["hier_hosts"] == nhosts and 0 < row["nmse"] <= bound, f"hier row {row}")
+        # Rank 0 compresses a slice on host 0, whose link carries its own and its host peers'.
+        check(0 < row["wire_bytes_per_elem"] <= row["host_link_per_elem"], f"wire vs host link {row}")
+    with tempfile.TemporaryDirectory() as d:
+        jf = os.path.join(d, "rows.json")
+        run(ctx, ["-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "-c", "1", "--json", jf], env=env)
+        row = json.load(open(jf))["rows"][0]
+    # float32 ring over ranks placed host by host: each host link carries one rank's ring traffic
+    check(abs(row["host_link_per_elem"] - 2.0 * (n - 1) / n * 4) < 1e-6, f"none host link {row}")
 
 
 def case_tight_bound(ctx):

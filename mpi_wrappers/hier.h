@@ -1,0 +1,37 @@
+// Hierarchical allreduce on MPI communicators (THC_HIER): several ranks per host.
+//
+// A call on a communicator that spans H > 1 hosts with more than one rank on some host runs as
+//   1. every rank writes its input (as float32) into a shared-memory arena of its host;
+//   2. local rank i < S of every host sums slice i of the host's inputs (S = the fewest ranks
+//      any host has; slices are whole codec blocks): an intra-host float reduce-scatter;
+//   3. local rank i of every host runs the compressed allreduce (an Engine over MPI) of slice i
+//      with local rank i of the other hosts: only compressed codes cross hosts, and every local
+//      rank's cores and share of the host's link are busy;
+//   4. every rank reads the reduced slices back from the arena (intra-host allgather).
+// Hosts with different rank counts work: the ranks beyond S only contribute and read.
+// AVG is the sum of the host sums over all ranks of the communicator.
+//
+// What the flat engine guarantees holds here too: a fixed-size first exchange over the whole
+// communicator (failures before it, the codec and its configuration, count, op, chunking,
+// THC_ALGO, THC_BIDIR, the call sequence, NaN/Inf), so every rank fails alike and nothing is
+// reduced; a second one after the compressed stage, so a failure there fails every rank before
+// any output is written; every wait bounded by THC_TIMEOUT_MS. Error feedback applies to the
+// compressed stage (the residual of slice i lives on local rank i). Device buffers on any rank
+// make the call run flat (the engine's GPU path) on every rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "collectives/capi/capi.h"
+
+namespace thc::mpi {
+
+// Collective over comm: decides whether comm's calls run hierarchically (THC_HIER,
+// THC_HIER_HOSTS; every rank the same way, a disagreement is kConfigMismatch on every rank) and
+// returns what runs them, or nullptr for the flat engine. THC_DEBUG: rank 0 prints the decision
+// and the layout. Throws thc::Error.
+std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg);
+
+}  // namespace thc::mpi

@@ -1,0 +1,463 @@
+// The hierarchical allreduce (THC_HIER, mpi_wrappers/hier.h) under mpirun, with hosts emulated
+// on this machine by THC_HIER_HOSTS (consecutive blocks of MPI_COMM_WORLD ranks), against the
+// exact MPI_Allreduce and against the flat engine.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "collectives/capi/capi.h"
+#include "collectives/engine/dtype.h"
+#include "tests/mpi_wrappers/mpi_test_util.h"
+#include "thc/thc_mpi.h"
+
+namespace {
+
+using thc::test::exact_sum;
+using thc::test::gaussian;
+using thc::test::nmse;
+using thc::test::rank;
+using thc::test::same_on_every_rank;
+using thc::test::world;
+
+struct Layout {
+  std::vector<int> sizes;
+  std::string str() const {
+    std::string s;
+    for (size_t i = 0; i < sizes.size(); ++i) s += (i ? "," : "") + std::to_string(sizes[i]);
+    return s;
+  }
+  int hosts() const { return static_cast<int>(sizes.size()); }
+  int host_of(int r) const {
+    for (int h = 0, acc = 0; h < hosts(); ++h)
+      if (r < (acc += sizes[h])) return h;
+    return -1;
+  }
+  int local_rank(int r) const {
+    int acc = 0;
+    for (int h = 0; h < host_of(r); ++h) acc += sizes[h];
+    return r - acc;
+  }
+  int slices() const { return *std::min_element(sizes.begin(), sizes.end()); }
+};
+
+// Layouts with more than one rank on some host and more than one host: even ones (2 per
+// host), and uneven ones (ranks beyond the fewest a host has only contribute).
+std::vector<Layout> multi_layouts() {
+  const int n = world();
+  std::vector<Layout> out;
+  if (n >= 4 && n % 2 == 0) out.push_back(Layout{std::vector<int>(n / 2, 2)});
+  if (n >= 3) out.push_back(Layout{{n - 1, 1}});
+  if (n >= 5) out.push_back(Layout{{2, n - 2}});
+  return out;
+}
+
+thc_config_t cfg_for(const Layout& lay, int hier = -1, int algo = THC_ALGO_AUTO, uint64_t seed = 777) {
+  thc_config_t c;
+  EXPECT_EQ(thc_config_init(&c), THC_SUCCESS);
+  c.algo = algo;
+  c.seed = seed;
+  c.block = 4096;
+  c.chunk_bytes = 4 * 4096 * 3;  // several chunks pipelined in the compressed stage
+  c.hier = hier;
+  std::snprintf(c.hier_hosts, sizeof c.hier_hosts, "%s", lay.str().c_str());
+  return c;
+}
+
+thc_comm_t make(const thc_config_t& c) {
+  thc_comm_t comm = nullptr;
+  EXPECT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), THC_SUCCESS) << thc_last_error();
+  return comm;
+}
+
+int hier_hosts(thc_comm_t comm) {
+  thc_stats_t st;
+  EXPECT_EQ(thc_comm_stats(comm, &st), THC_SUCCESS);
+  return st.hier_hosts;
+}
+
+TEST(Hier, DecisionFollowsTheLayout) {
+  const int n = world();
+  struct Case {
+    Layout lay;
+    int hier;
+    int expect_hosts;  // 0: flat
+  };
+  std::vector<Case> cases = {{Layout{{n}}, -1, 0}, {Layout{{n}}, 1, 0}, {Layout{std::vector<int>(n, 1)}, 0, 0}};
+  if (n >= 2) {
+    cases.push_back({Layout{std::vector<int>(n, 1)}, -1, 0});  // one rank per host: nothing to reduce locally
+    cases.push_back({Layout{std::vector<int>(n, 1)}, 1, n});
+  }
+  for (const Layout& l : multi_layouts()) {
+    cases.push_back({l, -1, l.hosts()});
+    cases.push_back({l, 1, l.hosts()});
+    cases.push_back({l, 0, 0});
+  }
+  for (const Case& k : cases) {
+    thc_comm_t comm = make(cfg_for(k.lay, k.hier));
+    ASSERT_NE(comm, nullptr);
+    EXPECT_EQ(hier_hosts(comm), k.expect_hosts) << k.lay.str() << " THC_HIER=" << k.hier;
+    int r = -1, s = -1;
+    thc_comm_rank(comm, &r);
+    thc_comm_size(comm, &s);
+    EXPECT_EQ(r, rank());
+    EXPECT_EQ(s, n);
+    thc_comm_destroy(comm);
+  }
+}
+
+TEST(Hier, MatchesExactWithinBoundEveryRankIdentical) {
+  for (const Layout& lay : multi_layouts()) {
+    for (int algo : {THC_ALGO_INT, THC_ALGO_PS}) {
+      thc_comm_t comm = make(cfg_for(lay, -1, algo));
+      ASSERT_EQ(hier_hosts(comm), lay.hosts());
+      for (size_t count : {size_t{1}, size_t{777}, size_t{4097}, size_t{50001}}) {
+        const auto x = gaussian(count, 10 + rank());
+        const auto ex = exact_sum(x);
+        for (thc_scheme_t s : {THC_SCHEME_THC, THC_SCHEME_UHC, THC_SCHEME_CNAT, THC_SCHEME_DNAT}) {
+          for (thc_op_t op : {THC_OP_SUM, THC_OP_AVG}) {
+            std::vector<float> out(count);
+            ASSERT_EQ(thc_allreduce_scheme(s, x.data(), out.data(), count, THC_FLOAT32, op, comm, nullptr), THC_SUCCESS)
+                << thc_last_error();
+            const std::string what = lay.str() + " algo " + std::to_string(algo) + " count " + std::to_string(count) +
+                                     " scheme " + std::to_string(s) + " op " + std::to_string(op);
+            EXPECT_TRUE(same_on_every_rank(out)) << what;
+            if (count < 64) continue;
+            const double bound = s == THC_SCHEME_THC ? 0.1 : (s == THC_SCHEME_CNAT ? 0.13 : 0.3);
+            EXPECT_LT(nmse(out, ex, op == THC_OP_AVG ? world() : 1.0), bound) << what;
+          }
+        }
+      }
+      thc_stats_t st;
+      thc_comm_stats(comm, &st);
+      EXPECT_EQ(st.last_algo, algo) << lay.str();
+      thc_comm_destroy(comm);
+    }
+  }
+}
+
+// One rank per host with THC_HIER=1: the compressed stage is the flat engine's allreduce over
+// every rank with the same seed, so the bits are the flat engine's; one host is flat itself.
+TEST(Hier, OneRankPerHostAndOneHostGiveTheFlatBits) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  const size_t count = 30001;
+  const auto x = gaussian(count, 50 + rank());
+  for (const Layout& lay : {Layout{std::vector<int>(world(), 1)}, Layout{{world()}}}) {
+    for (int algo : {THC_ALGO_INT, THC_ALGO_PS}) {
+      thc_comm_t flat = make(cfg_for(lay, 0, algo)), hier = make(cfg_for(lay, 1, algo));
+      EXPECT_EQ(hier_hosts(hier), lay.hosts() > 1 ? world() : 0);
+      for (thc_scheme_t s : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
+        std::vector<float> a(count), b(count);
+        ASSERT_EQ(thc_allreduce_scheme(s, x.data(), a.data(), count, THC_FLOAT32, THC_OP_SUM, flat, nullptr), THC_SUCCESS)
+            << thc_last_error();
+        ASSERT_EQ(thc_allreduce_scheme(s, x.data(), b.data(), count, THC_FLOAT32, THC_OP_SUM, hier, nullptr), THC_SUCCESS)
+            << thc_last_error();
+        EXPECT_EQ(a, b) << lay.str() << " algo " << algo << " scheme " << s;
+      }
+      thc_comm_destroy(flat);
+      thc_comm_destroy(hier);
+    }
+  }
+}
+
+// Cnat represents 1.0 exactly: with one 1.0 per host (local rank 0) and zeros elsewhere, every
+// host sum is 1 and the compressed stage adds exact codes, in place too.
+TEST(Hier, CnatOfExactHostSumsIsExact) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_comm_t comm = make(cfg_for(lay, -1, THC_ALGO_PS));
+    const size_t count = 20000;
+    std::vector<float> x(count, lay.local_rank(rank()) == 0 ? 1.0f : 0.0f);
+    ASSERT_EQ(cnat_allreduce(THC_IN_PLACE, x.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << thc_last_error();
+    EXPECT_EQ(x, std::vector<float>(count, static_cast<float>(lay.hosts()))) << lay.str();
+    thc_comm_destroy(comm);
+  }
+}
+
+TEST(Hier, DtypesInPlaceAndAvg) {
+  const size_t count = 20000;
+  const auto x = gaussian(count, 90 + rank());
+  const auto ex = exact_sum(x);
+  for (const Layout& lay : multi_layouts()) {
+    thc_comm_t comm = make(cfg_for(lay));
+    for (thc_dtype_t dt : {THC_FLOAT32, THC_FLOAT64, THC_FLOAT16, THC_BFLOAT16}) {
+      const auto t = thc::capi::to_dtype(dt);
+      for (bool in_place : {true, false}) {
+        std::vector<uint8_t> in(count * thc::engine::dtype_size(t)), out(in.size());
+        thc::engine::store_from_float(x.data(), count, t, in.data(), 0);
+        const thc_status_t st =
+            in_place ? thc_allreduce(THC_IN_PLACE, in.data(), count, dt, THC_OP_AVG, comm, nullptr)
+                     : thc_allreduce(in.data(), out.data(), count, dt, THC_OP_AVG, comm, nullptr);
+        ASSERT_EQ(st, THC_SUCCESS) << thc_last_error();
+        std::vector<float> got(count);
+        thc::engine::load_as_float(in_place ? in.data() : out.data(), t, 0, count, nullptr, got.data());
+        EXPECT_LT(nmse(got, ex, world()), 0.1) << lay.str() << " dtype " << dt << " in place " << in_place;
+        EXPECT_TRUE(same_on_every_rank(got));
+      }
+    }
+    thc_comm_destroy(comm);
+  }
+}
+
+TEST(Hier, ErrorFeedbackConverges) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t c = cfg_for(lay);
+    c.p = 0.2;  // heavy truncation: without error feedback the mean stays biased
+    thc_comm_t comm = make(c);
+    const size_t count = 8192 + 100;
+    auto x = gaussian(count, 400 + rank());
+    x[17 * rank()] = 40.0f;
+    const auto ex = exact_sum(x);
+    thc_state_t ef;
+    thc_state_create(&ef);
+    const int R = 100;
+    std::vector<double> acc(count, 0);
+    std::vector<float> out(count);
+    for (int r = 0; r < R; ++r) {
+      ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
+          << thc_last_error();
+      for (size_t i = 0; i < count; ++i) acc[i] += out[i] / R;
+    }
+    std::vector<float> avg(acc.begin(), acc.end());
+    EXPECT_LT(nmse(avg, ex), 2e-3) << lay.str();
+    // A state bound to this count, used with another on one rank: every rank fails alike and
+    // the communicator goes on.
+    std::vector<float> y(5000);
+    EXPECT_EQ(thc_allreduce(x.data(), y.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, rank() == 0 ? ef : nullptr),
+              THC_ERR_INVALID_ARG)
+        << thc_last_error();
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
+        << thc_last_error();
+    thc_state_destroy(ef);
+    thc_comm_destroy(comm);
+  }
+}
+
+// NaN or Inf on any rank (one that only contributes, too): every rank fails before anything is
+// reduced; output and error-feedback residual untouched; the communicator goes on.
+TEST(Hier, NonFiniteInputFailsEveryRankBeforeAnything) {
+  for (const Layout& lay : multi_layouts()) {
+    for (int bad : {world() - 1, 1}) {
+      thc_comm_t comm = make(cfg_for(lay));
+      thc_state_t ef;
+      thc_state_create(&ef);
+      const size_t count = 9000;
+      auto x = gaussian(count, rank());
+      std::vector<float> out(count, 3.0f);
+      ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS);
+      const std::vector<float> residual = ef->ef.residual;
+      std::fill(out.begin(), out.end(), 3.0f);
+      if (rank() == bad) x[4321] = bad == 1 ? std::numeric_limits<float>::infinity() : std::nanf("");
+      EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_ERR_NONFINITE)
+          << lay.str() << ": " << thc_last_error();
+      EXPECT_EQ(out, std::vector<float>(count, 3.0f));
+      EXPECT_EQ(ef->ef.residual, residual);
+      x[4321] = 0.0f;
+      EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
+          << thc_last_error();
+      thc_state_destroy(ef);
+      thc_comm_destroy(comm);
+    }
+  }
+}
+
+// Finite inputs whose host sum overflows float32 (two ranks of one host at 3e38): only the
+// compressed stage of that slice sees the infinity. Every rank still fails with
+// THC_ERR_NONFINITE before any output is written (the exchange after the compressed stage).
+TEST(Hier, HostSumOverflowFailsEveryRankBeforeOutput) {
+  for (const Layout& lay : multi_layouts()) {
+    if (lay.sizes[0] < 2) continue;
+    thc_comm_t comm = make(cfg_for(lay));
+    const size_t count = 9000;
+    auto x = gaussian(count, rank());
+    if (lay.host_of(rank()) == 0 && lay.local_rank(rank()) < 2) x[count - 5] = 3e38f;
+    std::vector<float> out(count, 3.0f);
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_NONFINITE)
+        << lay.str() << ": " << thc_last_error();
+    EXPECT_EQ(out, std::vector<float>(count, 3.0f));
+    x[count - 5] = 1.0f;
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << thc_last_error();
+    thc_comm_destroy(comm);
+  }
+}
+
+// Disagreements across hosts are caught in the first exchange over the whole communicator:
+// THC_ERR_CONFIG_MISMATCH on every rank, naming what differs, output untouched.
+TEST(Hier, MismatchesFailEveryRank) {
+  struct Variant {
+    const char* name;
+    const char* field;
+    std::function<void(thc_config_t&)> cfg;
+    size_t count;  // 0: differs across ranks
+  };
+  const std::vector<Variant> variants = {
+      {"bits", "codec", [](thc_config_t& c) { c.bits = 3; }, 50000},
+      {"chunk", "chunking", [](thc_config_t& c) { c.chunk_bytes = 4 * 4096 * 7; }, 50000},
+      {"algo", "algorithm", [](thc_config_t& c) { c.algo = THC_ALGO_PS; }, 50000},
+      {"count", "count", [](thc_config_t&) {}, 0},
+  };
+  for (const Layout& lay : multi_layouts()) {
+    const int odd = world() - 1;  // on the last host
+    for (const Variant& v : variants) {
+      thc_config_t c = cfg_for(lay, -1, THC_ALGO_INT);
+      if (rank() == odd) v.cfg(c);
+      thc_comm_t comm = make(c);
+      const size_t count = v.count ? v.count : (rank() == odd ? 50000 : 5000);
+      auto x = gaussian(count, 70 + rank());
+      std::vector<float> out(count, 5.0f);
+      EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr),
+                THC_ERR_CONFIG_MISMATCH)
+          << lay.str() << " " << v.name << ": " << thc_last_error();
+      EXPECT_NE(std::string(thc_last_error()).find(v.field), std::string::npos) << v.name << ": " << thc_last_error();
+      EXPECT_EQ(out, std::vector<float>(count, 5.0f));
+      if (v.count == 0) {
+        std::vector<float> y(5000);
+        auto x2 = gaussian(5000, 80 + rank());
+        EXPECT_EQ(thc_allreduce(x2.data(), y.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+            << thc_last_error();
+        EXPECT_LT(nmse(y, exact_sum(x2)), 0.1);
+      }
+      thc_comm_destroy(comm);
+    }
+  }
+}
+
+// A configuration that overflows on one rank fails that rank before exchanging: every rank
+// fails with its status, and the communicator goes on.
+TEST(Hier, OverflowOnOneRankFailsEveryRank) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t c = cfg_for(lay);
+    if (rank() == 1) c.nat_levels = 15;  // too many for 16-bit sums of >= 2 hosts
+    thc_comm_t comm = make(c);
+    auto x = gaussian(5000, rank());
+    std::vector<float> out(5000);
+    EXPECT_EQ(cnat_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_OVERFLOW)
+        << thc_last_error();
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << thc_last_error();
+    thc_comm_destroy(comm);
+  }
+}
+
+// THC_BIDIR with explicit levels on the compressed stage's workers (the hosts): refused when
+// re-compression could overflow, exact otherwise (host sums of 1.0).
+TEST(Hier, BidirWithExplicitLevelsOverflowsOrIsExact) {
+  for (const Layout& lay : multi_layouts()) {
+    const int n = lay.hosts();
+    int levels = 1;
+    while ((int64_t{n} << levels) <= 32767) ++levels;
+    int64_t up = 1;
+    while (up < (int64_t{n} << (levels - 1))) up <<= 1;
+    thc_config_t c = cfg_for(lay, -1, THC_ALGO_PS);
+    c.bidir = 1;
+    c.nat_width = 16;
+    c.nat_levels = levels;
+    thc_comm_t comm = make(c);
+    std::vector<float> x(20000, lay.local_rank(rank()) == 0 ? 1.0f : 0.0f), out(20000);
+    const thc_status_t st = cnat_allreduce(x.data(), out.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    if (up <= 32767) {
+      ASSERT_EQ(st, THC_SUCCESS) << thc_last_error();
+      EXPECT_EQ(out, std::vector<float>(x.size(), static_cast<float>(n)));
+    } else {
+      EXPECT_EQ(st, THC_ERR_OVERFLOW) << thc_last_error();
+    }
+    thc_comm_destroy(comm);
+  }
+}
+
+TEST(Hier, DisagreementOnTheKnobsFailsCreationOnEveryRank) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  const Layout lay{{world() - 1, 1}};
+  struct Variant {
+    const char* name;
+    thc_status_t expect;
+    const char* says;
+    std::function<void(thc_config_t&)> cfg;
+  };
+  const std::vector<Variant> variants = {
+      {"hier", THC_ERR_CONFIG_MISMATCH, "THC_HIER", [](thc_config_t& c) { c.hier = 0; }},
+      {"hosts", THC_ERR_CONFIG_MISMATCH, "THC_HIER_HOSTS",
+       [](thc_config_t& c) { std::snprintf(c.hier_hosts, sizeof c.hier_hosts, "1,%d", world() - 1); }},
+      {"malformed", THC_ERR_INVALID_ARG, "THC_HIER_HOSTS", [](thc_config_t& c) { std::strcpy(c.hier_hosts, "2,x"); }},
+      {"too few", THC_ERR_INVALID_ARG, "THC_HIER_HOSTS", [](thc_config_t& c) { std::strcpy(c.hier_hosts, "1"); }},
+  };
+  for (const Variant& v : variants) {
+    thc_config_t c = cfg_for(lay);
+    if (rank() == 1) v.cfg(c);
+    thc_comm_t comm = nullptr;
+    EXPECT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &c, &comm), v.expect) << v.name << ": " << thc_last_error();
+    if (rank() == 1 || v.expect == THC_ERR_CONFIG_MISMATCH) {
+      EXPECT_NE(std::string(thc_last_error()).find(v.says), std::string::npos) << v.name << ": " << thc_last_error();
+    }
+    EXPECT_EQ(comm, nullptr);
+  }
+}
+
+// The wire bytes are the compressed stage's: per slice, one rank per host sends its packed
+// indices (4 bits) and receives the sums (8 bits for up to 8 hosts) of its slice.
+TEST(Hier, StatsCountTheCompressedStage) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_comm_t comm = make(cfg_for(lay, -1, THC_ALGO_PS));
+    const size_t count = 4096 * 10;
+    const auto x = gaussian(count, 5 + rank());
+    std::vector<float> out(count);
+    for (int i = 0; i < 2; ++i)
+      ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS);
+    thc_stats_t st;
+    thc_comm_stats(comm, &st);
+    EXPECT_EQ(st.calls, 2u);
+    EXPECT_EQ(st.elements, 2 * count);
+    EXPECT_EQ(st.float_bytes, 2 * count * 4);
+    EXPECT_EQ(st.hier_hosts, lay.hosts());
+    uint64_t w[2] = {st.wire_bytes_up, st.wire_bytes_down}, all[2];
+    MPI_Allreduce(w, all, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(all[0], 2 * count / 2 * lay.hosts()) << lay.str();
+    EXPECT_EQ(all[1], 2 * count * lay.hosts()) << lay.str();
+    const bool owner = lay.local_rank(rank()) < lay.slices();
+    if (!owner) {
+      EXPECT_EQ(st.wire_bytes_up, 0u);
+    }
+    thc_comm_destroy(comm);
+  }
+}
+
+// A peer that never calls: every wait is bounded by THC_TIMEOUT_MS; the communicator then
+// refuses later calls. Its own ctest entry (the abandoned operations stay with MPI).
+TEST(Hier, PeerThatNeverCallsGivesTimeout) {
+  if (!std::getenv("THC_TEST_MPI_TIMEOUT")) GTEST_SKIP() << "runs alone: set THC_TEST_MPI_TIMEOUT=1";
+  const std::vector<Layout> lays = multi_layouts();
+  if (lays.empty()) GTEST_SKIP() << "needs three ranks";
+  thc_config_t c = cfg_for(lays.front());
+  c.timeout_ms = 1500;
+  thc_comm_t comm = make(c);
+  ASSERT_EQ(hier_hosts(comm), lays.front().hosts());
+  if (rank() == 0) {
+    auto x = gaussian(5000, 1);
+    std::vector<float> out(5000);
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_TIMEOUT)
+        << thc_last_error();
+    EXPECT_NE(std::string(thc_last_error()).find("THC_TIMEOUT_MS"), std::string::npos) << thc_last_error();
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_TRANSPORT)
+        << thc_last_error();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  thc_comm_destroy(comm);
+  // Creation: a rank that never creates its communicator.
+  MPI_Comm parent;
+  MPI_Comm_dup(MPI_COMM_WORLD, &parent);
+  if (rank() == 0) {
+    thc_comm_t lone;
+    EXPECT_EQ(thc_comm_create_mpi(parent, &c, &lone), THC_ERR_TIMEOUT) << thc_last_error();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
