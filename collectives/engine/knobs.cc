@@ -25,7 +25,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_NAT_WIDTH", kInt, nat_width, "16", nullptr, "Cnat/Dnat integer sum width in bits (8, 16, 32); sets the level window"),
       THC_KNOB("THC_NAT_LEVELS", kInt, nat_levels, "0", nullptr, "Cnat/Dnat power-of-two levels (0 = as many as the width allows)"),
       THC_KNOB("THC_DNAT_NORM", kEnum, dnat_norm, "2", "2=2|inf=0", "natural dithering norm: 2 or inf"),
-      THC_KNOB("THC_CHUNK_BYTES", kLong, chunk_bytes, "4194304", nullptr, "pipelining chunk, in float32 bytes (whole blocks)"),
+      THC_KNOB("THC_CHUNK_BYTES", kLong, chunk_bytes, "1048576", nullptr, "pipelining chunk, in float32 bytes (whole blocks)"),
       THC_KNOB("THC_ALGO", kEnum, algo, "auto", "auto=0|int=1|ps=2", "integer allreduce of values, colocated parameter server of indices, or auto"),
       THC_KNOB("THC_BIDIR", kInt, bidir, "0", nullptr, "1: the colocated PS re-compresses Cnat/Dnat shard sums with Cnat before the allgather"),
       THC_KNOB("THC_SEED", kU64, seed, "0", nullptr, "randomness seed (0: rank 0 draws one)"),

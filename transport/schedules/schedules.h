@@ -36,7 +36,7 @@ struct ScheduleOptions {
   // Message size target: pieces carry about this many bytes of sums.
   uint64_t piece_bytes = 256 * 1024;
   // Sends in flight per operation (pairwise order: one or two peers at a time).
-  int send_window = 2;
+  int send_window = 4;
 };
 
 std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt = {});
