@@ -149,13 +149,26 @@ const codec::Codec& Engine::codec_for(codec::Scheme scheme) {
 Algo Engine::choose_algo(const codec::Codec& c) const {
   if (cfg_.algo == THC_ALGO_INT) return Algo::kInt;
   if (cfg_.algo == THC_ALGO_PS) return Algo::kPs;
-  if (reducer_->prefers_index_form()) return Algo::kPs;
+  const bool say = cfg_.debug != 0 && rank() == 0 && !said_algo_[static_cast<int>(c.params().scheme) & 7];
+  if (say) said_algo_[static_cast<int>(c.params().scheme) & 7] = true;
+  if (reducer_->prefers_index_form()) {
+    if (say) std::fprintf(stderr, "thc: THC_ALGO=auto: ps (the transport sums indices itself: aggregator)\n");
+    return Algo::kPs;
+  }
   // Per element and rank, a ring allreduce of values moves 2(n-1)/n * w bits; the colocated
-  // PS moves (n-1)/n * (b + w') bits, w' = w or 8 with re-compression.
+  // PS moves (n-1)/n * (b + w') bits, w' = w or 8 with re-compression. Both schedules pipeline
+  // pieces pairwise or around the ring (transport/schedules), so on a bandwidth-bound link the
+  // bytes decide; on the 1 Gbit/s cluster PS was also the faster one per byte (README).
   const int w = static_cast<int>(codec::int_size(c.sum_type())) * 8;
   const bool nat = !c.rotates();
   const int down = (nat && cfg_.bidir && reducer_->applies_downstream()) ? 8 : w;
-  return (c.index_bits() + down < 2 * w) ? Algo::kPs : Algo::kInt;
+  const Algo a = (c.index_bits() + down < 2 * w) ? Algo::kPs : Algo::kInt;
+  if (say)
+    std::fprintf(stderr,
+                 "thc: THC_ALGO=auto: %s (per element and rank: ps moves (n-1)/n*(%d index + %d sum) bits, the "
+                 "int ring 2(n-1)/n*%d bits)\n",
+                 a == Algo::kPs ? "ps" : "int", c.index_bits(), down, w);
+  return a;
 }
 
 CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean) {

@@ -126,6 +126,7 @@ class Engine {
   uint64_t seed_ = 0;
   uint32_t round_ = 0;
   std::map<int, std::unique_ptr<codec::Codec>> codecs_;
+  mutable bool said_algo_[8] = {};  // THC_DEBUG: the auto choice said once per scheme
   EngineStats stats_;
   transport::Reducer::WireCounters wire_seen_;  // the reducer's counters at the last call
   std::unique_ptr<DeviceSession> device_;  // opened on the first call with device buffers

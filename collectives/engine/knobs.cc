@@ -34,7 +34,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_MPI_ALLREDUCE", kEnum, mpi_allreduce, "off", "off=-1|thc=0|uhc=1|cnat=2|dnat=3", "PMPI interposer: scheme for float SUM allreduces"),
       THC_KNOB("THC_EF", kInt, ef, "1", nullptr, "PMPI interposer: error feedback keyed by (buffer, count, communicator)"),
       THC_KNOB("THC_EF_MAX_BYTES", kLong, ef_max_bytes, "1073741824", nullptr, "PMPI interposer: bound on error-feedback memory (least recently used dropped)"),
-      THC_KNOB("THC_DEBUG", kInt, debug, "0", nullptr, "1: print a one-line summary at finalize"),
+      THC_KNOB("THC_DEBUG", kInt, debug, "0", nullptr, "1: print the algorithm choices (rank 0) and a one-line summary at finalize"),
       THC_KNOB("THC_FAULT_DROP", kDouble, fault_drop, "0", nullptr, "aggregator client: packet drop probability (fault injection)"),
       THC_KNOB("THC_FAULT_DUP", kDouble, fault_dup, "0", nullptr, "aggregator client: packet duplicate probability"),
       THC_KNOB("THC_FAULT_REORDER", kDouble, fault_reorder, "0", nullptr, "aggregator client: packet reorder probability"),
