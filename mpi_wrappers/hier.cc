@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/engine/agreement.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
 #include "collectives/engine/knobs.h"
@@ -124,18 +125,9 @@ uint64_t mix(uint64_t h, uint64_t v) {
 // bitmap of those ranks (mod 32), then each field as (v, ~v) in 2 + 2 words: under MAX the pair
 // stays complementary only if every rank has the same v.
 constexpr size_t kWordStatus = 0, kWordFailed = 1, kWordNonFinite = 2, kWordDevice = 3, kWordFields = 4;
-void put_field(uint32_t* w, uint64_t v) {
-  w[0] = static_cast<uint32_t>(v);
-  w[1] = static_cast<uint32_t>(v >> 32);
-  w[2] = ~w[0];
-  w[3] = ~w[1];
-}
-bool field_agrees(const uint32_t* w) { return w[0] == ~w[2] && w[1] == ~w[3]; }
-std::string bitmap(uint32_t bits) {
-  char b[16];
-  std::snprintf(b, sizeof b, "0x%08x", bits);
-  return b;
-}
+using engine::field_agrees;
+using engine::put_field;
+std::string bitmap(uint32_t bits) { return engine::rank_bitmap(bits); }
 
 struct Field {
   const char* what;

@@ -1,4 +1,5 @@
 #include "collectives/engine/engine.h"
+#include "collectives/engine/agreement.h"
 #include "collectives/engine/knobs.h"
 
 #include <algorithm>
@@ -212,20 +213,6 @@ constexpr size_t kWordFields = 4;     // then each field as (v, ~v), 2 + 2 words
 constexpr size_t kFieldWords = 4;
 constexpr size_t kInlineStats = kHeaderWords - kWordFields - Engine::kPreludeFields * kFieldWords;
 static_assert(kInlineStats >= 64, "the header keeps room for the statistics of small calls");
-
-void put_field(uint32_t* w, uint64_t v) {
-  w[0] = static_cast<uint32_t>(v);
-  w[1] = static_cast<uint32_t>(v >> 32);
-  w[2] = ~w[0];
-  w[3] = ~w[1];
-}
-bool field_agrees(const uint32_t* w) { return w[0] == ~w[2] && w[1] == ~w[3]; }
-
-std::string rank_bitmap(uint32_t bits) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", bits);
-  return buf;
-}
 
 }  // namespace
 
