@@ -42,9 +42,14 @@
 #                                 or above the repository, else /work/shared/...): step 6 runs
 #                                 thc_allreduce_perf --nccl only
 #
+# Prebuilt: THC_GPU_BUNDLE=gpu_bundle/thc-gpu-bundle.tar.xz (made here by perf/gpu_bundle.sh, with
+# every library and Open MPI inside) skips steps 1-2 and runs the same checks on the bundle's
+# programs: what a bare GPU machine without thc's Debian packages needs to check everything.
 # Environment: OUT (outputs), THC_GPU_BUILD (build folder, default $TMPDIR/thc-gpu-build),
 # THC_GPU_CHECK_NP (MPI processes, default 4), THC_GPU_CHECK_NCCL_NP (NCCL ranks, default the same),
 # THC_NCCL_TESTS_DIR (nccl-tests sources), THC_GPU_BENCH_COUNT (floats, default 2^26),
+# THC_GPU_CHECK_TEST_TIMEOUT (seconds per gtest binary, default 200), THC_GPU_CHECK_NCCL_TIMEOUT
+# (seconds per NCCL job, default 150),
 # THC_GPU_CHECK_PRETEND_MISSING (e.g. "random123 gtest cli11 hwy mpi": test the fallbacks).
 set -u -o pipefail
 
@@ -80,6 +85,53 @@ if ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
+# ---- 1-2. with THC_GPU_BUNDLE: the programs come built (perf/gpu_bundle.sh) ------------------
+if [ -n "${THC_GPU_BUNDLE:-}" ]; then
+  BUN="$BUILD/bundle"
+  rm -rf "$BUN"
+  mkdir -p "$BUN"
+  if ! xz -dc "$THC_GPU_BUNDLE" | tar -C "$BUN" -xf -; then
+    step "bundle" "FAILED" "cannot unpack $THC_GPU_BUNDLE"
+    exit 1
+  fi
+  cp "$BUN/MANIFEST" "$OUT/bundle_manifest.txt"
+  # Open MPI, PMIx and UCX modules sit at their Debian paths under $BUN/usr: relocate them.
+  export OPAL_PREFIX="$BUN/usr" PMIX_PREFIX="$BUN/usr/lib/x86_64-linux-gnu/pmix2" \
+         PMIX_MCA_mca_base_component_path="$BUN/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix" UCX_MODULE_DIR="$BUN/lib/ucx"
+  export PATH="$BUN/usr/bin:$PATH"
+  # One node, no ssh, maybe no cross-memory attach in the sandbox: the plainest local launch.
+  export OMPI_MCA_plm=isolated OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp \
+         OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
+  # NCCL is not in the bundle (200 MB): the machine's own, from CUDA's folder or a Python wheel.
+  NCCL_DIR=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/libnccl.so.2" ] && { NCCL_DIR=$d; break; }
+  done
+  if [ -z "$NCCL_DIR" ]; then
+    f=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
+    [ -n "$f" ] && NCCL_DIR=$(dirname "$f")
+  fi
+  export LD_LIBRARY_PATH="$BUN/lib:$BUN/usr/lib/x86_64-linux-gnu/openmpi/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  missing=$(for f in "$BUN"/bin/*; do ldd "$f" 2>/dev/null | grep 'not found' | sed "s|^|$(basename "$f"): |"; done | sort -u)
+  echo "$missing" > "$OUT/bundle_ldd.txt"
+  dep() {
+    case "$1" in
+      nccl) [ -n "$NCCL_DIR" ] ;;
+      *) return 0 ;;
+    esac
+  }
+  if [ -n "$missing" ]; then
+    step "bundle" "partial" "libraries not found: $(echo "$missing" | tr '\n' ';' | cut -c1-160) (bundle_ldd.txt)"
+  else
+    step "bundle" "ok" "$(head -1 "$BUN/MANIFEST"); NCCL from ${NCCL_DIR:-nowhere}"
+  fi
+  HAVE_GTEST=1
+  BUILT_OK=1
+  B="$BUN/bin"
+  PLUGIN="$B/libnccl-net-thc.so"
+  AGG_BIN="$B/thc-aggregator"
+  PERF_BIN="$B/thc_allreduce_perf"
+else
 # ---- 1. dependency probe ----------------------------------------------------------------------
 PROBE="$BUILD/probe"
 mkdir -p "$PROBE"
@@ -290,13 +342,14 @@ else
   fi
 fi
 B="$BUILD/b/tests/cuda"
+fi
 
 # ---- 3. GPU tests -----------------------------------------------------------------------------
 if [ $BUILT_OK -eq 1 ] && [ $HAVE_GTEST -eq 1 ]; then
   for t in cuda_shared_test cuda_kernels_test cuda_nccl_test cuda_engine_device_test; do
     exe="$B/$t"
     [ -x "$exe" ] || continue
-    timeout 200 "$exe" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
+    timeout "${THC_GPU_CHECK_TEST_TIMEOUT:-200}" "$exe" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
     rc=$?
     passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/$t.log" | grep -oE '[0-9]+$' || echo 0)
     failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$OUT/$t.log" | grep -oE '[0-9]+' | head -1 || echo 0)
@@ -304,7 +357,7 @@ if [ $BUILT_OK -eq 1 ] && [ $HAVE_GTEST -eq 1 ]; then
     if [ $rc -eq 0 ]; then
       step "$t" "ok" "${passed:-0} passed, ${skipped:-0} skipped"
     elif [ $rc -eq 124 ]; then
-      step "$t" "FAILED" "timed out after 200 s ($t.log)"
+      step "$t" "FAILED" "timed out after ${THC_GPU_CHECK_TEST_TIMEOUT:-200} s ($t.log)"
     else
       step "$t" "FAILED" "${failed:-?} failed, ${passed:-0} passed ($t.log)"
     fi
@@ -360,11 +413,25 @@ if [ $BUILT_OK -eq 1 ] && [ -x "$B/thc_gpu_bench" ]; then
   fi
 fi
 
+# ---- 5b. the plugin without NCCL (bundle only): UCX and the aggregator client as NCCL's proxy
+# would drive them, so that a failure in step 6 can be told apart from a broken UCX here.
+if [ $BUILT_OK -eq 1 ] && [ -n "${BUN:-}" ] && [ -x "$BUN/bin/nccl_plugin_conformance" ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$BUN/bin/nccl_plugin_conformance" \
+    "$BUN/bin/libnccl-net-thc.so" --version 11 --suite net,collnet > "$OUT/plugin_conformance.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    step "plugin conformance np=2" "ok" "v11 net+collnet without NCCL (plugin_conformance.log)"
+  else
+    step "plugin conformance np=2" "FAILED" "rc=$rc $(grep -m1 -iE 'error|fail' "$OUT/plugin_conformance.log" | cut -c1-140)"
+  fi
+fi
+
 # ---- 6. NCCL over the thc net plugin ------------------------------------------------------------
 NCCL_NP=${THC_GPU_CHECK_NCCL_NP:-$NP}
-PLUGIN="$BUILD/b/nccl_plugin/libnccl-net-thc.so"
-AGG_BIN="$BUILD/b/switch_offload/thc-aggregator"
-PERF_BIN="$BUILD/b/perf/allreduce_perf/thc_allreduce_perf"
+PLUGIN=${PLUGIN:-$BUILD/b/nccl_plugin/libnccl-net-thc.so}
+AGG_BIN=${AGG_BIN:-$BUILD/b/switch_offload/thc-aggregator}
+PERF_BIN=${PERF_BIN:-$BUILD/b/perf/allreduce_perf/thc_allreduce_perf}
 nccl_tests_dir() {
   local d
   for d in "${THC_NCCL_TESTS_DIR:-}" "$ROOT/shared/third_party/nccl-tests" "$ROOT/../shared/third_party/nccl-tests" \
@@ -386,7 +453,7 @@ nccl_job() {
   local algo=Ring
   [ "$collnet" = 1 ] && algo=CollNetChain,CollNetDirect,Ring
   # shellcheck disable=SC2016  # $OMPI_COMM_WORLD_RANK expands in each rank's shell, not here
-  timeout "$secs" mpirun --oversubscribe --bind-to none -np "$NCCL_NP" \
+  timeout "${THC_GPU_CHECK_NCCL_TIMEOUT:-$secs}" mpirun --oversubscribe --bind-to none -np "$NCCL_NP" \
     -x LD_LIBRARY_PATH="$(dirname "$PLUGIN"):/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}" \
     -x NCCL_NET_PLUGIN=thc -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
     -x THC_COLLNET_AGGREGATOR="$AGG_URL" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
@@ -435,7 +502,10 @@ if [ $BUILT_OK -eq 1 ]; then
     log "thc-aggregator (pid $AGG_PID) at $AGG_URL; NCCL ranks: $NCCL_NP on one GPU"
 
     NT_BIN=""
-    if NT_DIR=$(nccl_tests_dir); then
+    if [ -n "${BUN:-}" ] && [ -x "$BUN/bin/all_reduce_perf" ]; then
+      NT_BIN="$BUN/bin/all_reduce_perf"
+      step "nccl-tests build" "ok" "all_reduce_perf from the bundle (built with MPI=1 where the bundle was made)"
+    elif NT_DIR=$(nccl_tests_dir); then
       # Built into a scratch folder: the third-party tree stays untouched.
       NT_BUILD="$BUILD/nccl-tests"
       mkdir -p "$NT_BUILD"
