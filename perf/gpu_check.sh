@@ -101,7 +101,8 @@ if [ -n "${THC_GPU_BUNDLE:-}" ]; then
   export PATH="$BUN/usr/bin:$PATH"
   # One node, no ssh, maybe no cross-memory attach in the sandbox: the plainest local launch.
   export OMPI_MCA_plm=isolated OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp \
-         OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
+         OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0 \
+         PMIX_MCA_pcompress_base_silence_warning=1
   # NCCL is not in the bundle (200 MB): the machine's own, from CUDA's folder or a Python wheel.
   NCCL_DIR=""
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
@@ -349,7 +350,7 @@ if [ $BUILT_OK -eq 1 ] && [ $HAVE_GTEST -eq 1 ]; then
   for t in cuda_shared_test cuda_kernels_test cuda_nccl_test cuda_engine_device_test; do
     exe="$B/$t"
     [ -x "$exe" ] || continue
-    timeout "${THC_GPU_CHECK_TEST_TIMEOUT:-200}" "$exe" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
+    timeout "${THC_GPU_CHECK_TEST_TIMEOUT:-200}" "$exe" --gtest_brief=1 --gtest_color=no --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
     rc=$?
     passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/$t.log" | grep -oE '[0-9]+$' || echo 0)
     failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$OUT/$t.log" | grep -oE '[0-9]+' | head -1 || echo 0)
@@ -383,7 +384,7 @@ if [ $BUILT_OK -eq 1 ]; then
     # the device path's MPI tests (gtest): device buffers give the bits host buffers give
     if [ -x "$B/cuda_mpi_device_test" ]; then
       timeout 120 mpirun --oversubscribe -np 2 -x THC_SEED=4242 -x THC_BLOCK=1024 -x THC_CHUNK_BYTES=8192 \
-        "$B/cuda_mpi_device_test" --gtest_brief=1 > "$OUT/cuda_mpi_device_test.log" 2>&1
+        "$B/cuda_mpi_device_test" --gtest_brief=1 --gtest_color=no > "$OUT/cuda_mpi_device_test.log" 2>&1
       rc=$?
       passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/cuda_mpi_device_test.log" | grep -oE '[0-9]+$' || echo 0)
       if [ $rc -eq 77 ]; then
@@ -417,11 +418,13 @@ fi
 # would drive them, so that a failure in step 6 can be told apart from a broken UCX here.
 if [ $BUILT_OK -eq 1 ] && [ -n "${BUN:-}" ] && [ -x "$BUN/bin/nccl_plugin_conformance" ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$BUN/bin/nccl_plugin_conformance" \
-    "$BUN/bin/libnccl-net-thc.so" --version 11 --suite net,collnet > "$OUT/plugin_conformance.log" 2>&1
+  timeout 120 mpirun --oversubscribe --bind-to none -np 2 -x THC_AGGREGATOR_BIN="$BUN/bin/thc-aggregator" \
+    "$BUN/bin/nccl_plugin_conformance" "$BUN/bin/libnccl-net-thc.so" --version 11 --suite net,collnet,bw \
+    > "$OUT/plugin_conformance.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
-    step "plugin conformance np=2" "ok" "v11 net+collnet without NCCL (plugin_conformance.log)"
+    bw=$(awk '$1 == 4194304 {print $4}' "$OUT/plugin_conformance.log" | head -1)
+    step "plugin conformance np=2" "ok" "v11 net+collnet without NCCL; 4 MiB messages ${bw:-?} GB/s (plugin_conformance.log)"
   else
     step "plugin conformance np=2" "FAILED" "rc=$rc $(grep -m1 -iE 'error|fail' "$OUT/plugin_conformance.log" | cut -c1-140)"
   fi
@@ -455,7 +458,8 @@ nccl_job() {
   # shellcheck disable=SC2016  # $OMPI_COMM_WORLD_RANK expands in each rank's shell, not here
   timeout "${THC_GPU_CHECK_NCCL_TIMEOUT:-$secs}" mpirun --oversubscribe --bind-to none -np "$NCCL_NP" \
     -x LD_LIBRARY_PATH="$(dirname "$PLUGIN"):/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}" \
-    -x NCCL_NET_PLUGIN=thc -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
+    -x NCCL_NET_PLUGIN="${NCCL_JOB_PLUGIN:-thc}" -x NCCL_NET="${NCCL_JOB_NET:-THC}" \
+    -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
     -x THC_COLLNET_AGGREGATOR="$AGG_URL" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
     -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET,COLL,ENV -x NCCL_TESTS_DEVICE=0 \
     bash -c 'NCCL_HOSTID="thc-gpu-check-$OMPI_COMM_WORLD_RANK" exec "$@"' nccl-rank "$@" \
@@ -533,6 +537,16 @@ if [ $BUILT_OK -eq 1 ]; then
       else
         step "nccl-tests net np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_net.log") (nccl_tests_net.log)"
       fi
+      # The same job over NCCL's own socket transport (no plugin): the reference for the plugin's
+      # busbw on this machine (ranks sharing one GPU time-slice it, which bounds both).
+      NCCL_JOB_PLUGIN=none NCCL_JOB_NET=Socket nccl_job tests_socket 0 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 1
+      rc=$?
+      sbw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_socket.log" | awk '{print $NF}')
+      if [ $rc -eq 0 ] && grep -q "Out of bounds values : 0 OK" "$OUT/nccl_tests_socket.log" && grep -q "Using network Socket" "$OUT/nccl_tests_socket.log"; then
+        step "nccl-tests socket np=$NCCL_NP" "ok" "NCCL's own socket transport, exact; avg busbw ${sbw:-?} GB/s (THC net: ${bw:-?})"
+      else
+        step "nccl-tests socket np=$NCCL_NP" "FAILED" "rc=$rc; $(nccl_first_error "$OUT/nccl_tests_socket.log") (nccl_tests_socket.log)"
+      fi
       # CollNet on: compressed sums are not exact, so no -c check here (thc_allreduce_perf measures
       # the error below); the log must show the plugin's CollNet at work.
       nccl_job tests_collnet 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
@@ -584,6 +598,11 @@ fi
   for i in "${!STEP_NAMES[@]}"; do
     printf '%-28s %-8s %s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "$(echo "${STEP_DETAIL[$i]}" | cut -c1-110)"
   done
+  if grep -q '^ *bytes  *msgs' "$OUT/plugin_conformance.log" 2>/dev/null; then
+    echo
+    echo "plugin net without NCCL (2 ranks, ring stream):"
+    sed -n '/^ *bytes  *msgs/,/^#/p' "$OUT/plugin_conformance.log" | grep -v '^#'
+  fi
   if [ -f "$OUT/bench.txt" ]; then
     echo
     sed -n '/^kernel /,$p' "$OUT/bench.txt" | grep -v '^parity'

@@ -23,8 +23,10 @@
 //             timeout (THC_TIMEOUT_MS, set small by the ctest entry); later requests fail too.
 //   unreachable  CollNet connect to an address where no aggregator listens: an error, no hang.
 //   off       no THC_COLLNET_AGGREGATOR: zero CollNet devices, the net still works.
+//   bw        a measurement, not a check of times: per message size, the time per message and
+//             the bandwidth of a ring stream with NCCL_NET_MAX_REQUESTS in flight (bytes checked).
 //
-//   nccl_plugin_conformance PLUGIN.so --version 8|9|10|11 --suite net,collnet|kill|unreachable|off
+//   nccl_plugin_conformance PLUGIN.so --version 8|9|10|11 --suite net,collnet|kill|unreachable|off|bw
 //                           [--aggregator-args "--fault-drop 0.05 ..."] [--scheme-bound 0.1]
 //
 // Every failure prints the rank and what went wrong, then aborts the MPI job (non-zero exit);
@@ -764,6 +766,87 @@ void net_suite(Net& net) {
   CHECK_OK(net.finalize());
 }
 
+// ---- bw: what the net moves (a measurement; it checks the bytes, never the times)
+// Each rank streams `iters` messages of each size to the next rank of the ring and receives as
+// many from the previous one, NCCL_NET_MAX_REQUESTS of each in flight as NCCL's proxy keeps them,
+// test() polled in posting order. Prints, per size, the time per message and the bandwidth of the
+// slowest rank (max over ranks of its elapsed time).
+void bw_suite(Net& net) {
+  CHECK_OK(net.init());
+  Ring ring = connect_ring(net, 0);
+  const int window = NCCL_NET_MAX_REQUESTS;
+  const size_t sizes[] = {4096, 65536, 524288, size_t{4} << 20};
+  const size_t maxs = size_t{4} << 20;
+  std::vector<std::vector<uint8_t>> sbuf(static_cast<size_t>(window)), rbuf(static_cast<size_t>(window));
+  std::vector<void*> smh(static_cast<size_t>(window)), rmh(static_cast<size_t>(window));
+  for (int w = 0; w < window; ++w) {
+    const size_t i = static_cast<size_t>(w);
+    sbuf[i].assign(maxs, static_cast<uint8_t>(g_rank * 16 + w));
+    rbuf[i].assign(maxs, 0);
+    CHECK_OK(net.reg_mr(ring.send, sbuf[i].data(), maxs, NCCL_PTR_HOST, &smh[i]));
+    CHECK_OK(net.reg_mr(ring.recv, rbuf[i].data(), maxs, NCCL_PTR_HOST, &rmh[i]));
+  }
+  const int prev = (g_rank + g_size - 1) % g_size;
+  say("  bw: %d ranks in a ring, %d messages in flight each way; slowest rank", g_size, window);
+  say("  %10s %8s %12s %10s", "bytes", "msgs", "us/msg", "GB/s");
+  std::thread progress([&] {
+    for (size_t size : sizes) {
+      const int iters = static_cast<int>(std::max<size_t>(32, std::min<size_t>(2000, (size_t{256} << 20) / size)));
+      std::vector<void*> sreq(static_cast<size_t>(window), nullptr), rreq(static_cast<size_t>(window), nullptr);
+      int ps = 0, pr = 0, ds = 0, dr = 0;
+      const auto end = Clock::now() + kDeadline;
+      const auto t0 = Clock::now();
+      while (ds < iters || dr < iters) {
+        while (pr < iters && pr - dr < window) {
+          const size_t w = static_cast<size_t>(pr % window);
+          void* data = rbuf[w].data();
+          size_t cap = size;
+          int tag = 1;
+          void* mh = rmh[w];
+          CHECK_OK(net.irecv(ring.recv, 1, &data, &cap, &tag, &mh, &rreq[w]));
+          CHECK(rreq[w] != nullptr, "bw: irecv returned NULL");
+          ++pr;
+        }
+        while (ps < iters && ps - ds < window) {
+          const size_t w = static_cast<size_t>(ps % window);
+          CHECK_OK(net.isend(ring.send, sbuf[w].data(), size, 1, smh[w], &sreq[w]));
+          if (!sreq[w]) break;
+          ++ps;
+        }
+        if (dr < pr) {
+          const size_t w = static_cast<size_t>(dr % window);
+          int done = 0, got = -1;
+          CHECK_OK(net.test(rreq[w], &done, &got));
+          if (done) {
+            CHECK(got == static_cast<int>(size), "bw: received %d bytes of %zu", got, size);
+            const uint8_t want = static_cast<uint8_t>(prev * 16 + dr % window);
+            CHECK(rbuf[w][0] == want && rbuf[w][size - 1] == want, "bw: message %d of %zu bytes has the wrong bytes", dr, size);
+            ++dr;
+          }
+        }
+        if (ds < ps) {
+          const size_t w = static_cast<size_t>(ds % window);
+          int done = 0;
+          CHECK_OK(net.test(sreq[w], &done, nullptr));
+          if (done) ++ds;
+        }
+        if (Clock::now() > end) die("bw: %zu-byte messages: %d/%d sends, %d/%d receives done", size, ds, iters, dr, iters);
+      }
+      double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      MPI_Allreduce(MPI_IN_PLACE, &secs, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      say("  %10zu %8d %12.1f %10.3f", size, iters, secs * 1e6 / iters, static_cast<double>(size) * iters / secs / 1e9);
+    }
+  });
+  progress.join();
+  for (int w = 0; w < window; ++w) {
+    CHECK_OK(net.dereg_mr(ring.send, smh[static_cast<size_t>(w)]));
+    CHECK_OK(net.dereg_mr(ring.recv, rmh[static_cast<size_t>(w)]));
+  }
+  CHECK_OK(net.close_send(ring.send));
+  CHECK_OK(net.close_recv(ring.recv));
+  CHECK_OK(net.finalize());
+}
+
 // ---- CollNet suite
 
 enum class Ty { f32, f16, bf16 };
@@ -1195,6 +1278,7 @@ int main(int argc, char** argv) {
   if (has("kill")) kill_suite(cn, agg.get());
   if (has("unreachable")) unreachable_suite(cn);
   if (has("off")) off_suite(net, cn);
+  if (has("bw")) bw_suite(net);
 
   MPI_Barrier(MPI_COMM_WORLD);
   say("# PASSED");
