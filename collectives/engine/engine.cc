@@ -388,7 +388,14 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
 
   const uint64_t chunk_blocks = plan.chunk_blocks;
   const uint64_t chunk_elems = chunk_blocks * B;
-  std::vector<float> xbuf(std::min<uint64_t>(chunk_elems, lay.nblocks * B));
+  const uint64_t buf_elems = std::min<uint64_t>(chunk_elems, lay.nblocks * B);
+  // float32 without error feedback: the codec reads the caller's buffer and decodes straight into
+  // the result (the codec touches only a block's real elements), three passes over the data fewer
+  // than staging every chunk (the ranks of a host share its cores and its memory bandwidth). The
+  // copy x = grad + e is needed only with error feedback (kept for a rank left out).
+  const float* sendf = (dtype == DType::kF32 && !efr) ? static_cast<const float*>(send) : nullptr;
+  float* recvf = dtype == DType::kF32 ? static_cast<float*>(recv) : nullptr;
+  std::vector<float> xbuf(sendf ? 0 : buf_elems);
 
   // ---- prelude: per-block statistics, a non-finite flag and a configuration digest, one MAX.
   const uint64_t nb = lay.nblocks;
@@ -397,9 +404,10 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
     const uint64_t first = b0 * B;
     const uint64_t m = std::min<uint64_t>(count - first, chunk_blocks * B);
-    load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
+    const float* xp = sendf ? sendf + first : xbuf.data();
+    if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
     std::vector<float> st(std::min(chunk_blocks, nb - b0));
-    finite &= host_->prelude(cod, xbuf.data(), m, st.data());
+    finite &= host_->prelude(cod, xp, m, st.data());
     for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
   }
   codec::CallRng rng = plan.rng;
@@ -421,12 +429,12 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   Slot slots[2];
   const uint64_t max_wire = chunk_blocks * B;
   for (Slot& s : slots) {
-    s.x.resize(xbuf.size());
+    if (!sendf) s.x.resize(buf_elems);
     s.sums.resize(max_wire * wsz);
     if (algo == Algo::kPs) s.packed.resize(cod.packed_bytes(max_wire) + 8);
   }
 
-  std::vector<float> obuf(xbuf.size());
+  std::vector<float> obuf(recvf ? 0 : buf_elems);
   // Decodes a finished chunk part by part; `drive` keeps the next chunk's transfer going between
   // blocks (nothing else drives the aggregator client's window while this rank decodes).
   auto finish = [&](Slot& s, Slot* drive) {
@@ -445,14 +453,15 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         const uint8_t* sums = s.sums.data() + wire_off * wsz;
         // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
         const bool as_mean = mean || p.contributors != n;
-        host_->decode(cod, lay, b, g, sums, stats.data() + b, rng, p.contributors, as_mean, obuf.data());
+        float* dst = recvf ? recvf + first : obuf.data();
+        host_->decode(cod, lay, b, g, sums, stats.data() + b, rng, p.contributors, as_mean, dst);
         if (!mean && p.contributors != n)
-          for (uint64_t i = 0; i < m; ++i) obuf[i] *= static_cast<float>(n);
+          for (uint64_t i = 0; i < m; ++i) dst[i] *= static_cast<float>(n);
         if (ef && !p.self_counted) {
           // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
           std::memcpy(ef->residual.data() + first, s.x.data() + (first - s.b0 * B), m * sizeof(float));
         }
-        store_from_float(obuf.data(), m, dtype, recv, first);
+        if (!recvf) store_from_float(obuf.data(), m, dtype, recv, first);
         if (drive && drive->req) drive->req->test();
       }
     }
@@ -489,7 +498,8 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       s.nblk = std::min(chunk_blocks, nb - b0);
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
-      load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
+      const float* xin = sendf ? sendf + first : s.x.data();
+      if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
       if (algo == Algo::kPs) {
@@ -498,7 +508,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         out.values = s.sums.data();
       }
       if (ef) out.residual = ef->residual.data() + first;
-      host_->encode(cod, lay, b0, s.nblk, s.x.data(), stats.data() + b0, rng, out, [&] {
+      host_->encode(cod, lay, b0, s.nblk, xin, stats.data() + b0, rng, out, [&] {
         if (pending) pending->req->test();
       });
       uint64_t wire = 0;
