@@ -78,6 +78,9 @@ void PackBitsImpl(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
 void UnpackBitsImpl(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
   kern::unpack_bits_scalar(packed, n, bits, codes);
 }
+void LookupAdd4U8Impl(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d) {
+  kern::lookup_add4_u8_scalar(table, packed, n, d);
+}
 
 #else  // vector targets
 
@@ -496,6 +499,25 @@ void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint
   }
 }
 
+// 16 packed bytes (32 indices) per step in 128-bit vectors: nibbles split, both looked up in
+// the 16-entry table with one byte shuffle each, interleaved back into element order, added.
+void LookupAdd4U8Impl(const uint8_t* HWY_RESTRICT table, const uint8_t* HWY_RESTRICT packed, uint64_t n,
+                      uint8_t* HWY_RESTRICT d) {
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  const auto tbl = hn::LoadU(d8, table);
+  const auto low = hn::Set(d8, 0x0F);
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const auto p = hn::LoadU(d8, packed + i / 2);
+    const auto lo = hn::TableLookupBytes(tbl, hn::And(p, low));
+    const auto hi = hn::TableLookupBytes(tbl, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, p))), low));
+    hn::StoreU(hn::Add(hn::LoadU(d8, d + i), hn::InterleaveLower(d8, lo, hi)), d8, d + i);
+    hn::StoreU(hn::Add(hn::LoadU(d8, d + i + 16), hn::InterleaveUpper(d8, lo, hi)), d8, d + i + 16);
+  }
+  if (i < n) kern::lookup_add4_u8_scalar(table, packed + i / 2, n - i, d + i);
+}
+
 double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) {
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dfh;  // Lanes(dd) floats
@@ -722,6 +744,7 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MaxAbsImpl);
 HWY_EXPORT(PackBitsImpl);
 HWY_EXPORT(UnpackBitsImpl);
+HWY_EXPORT(LookupAdd4U8Impl);
 
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTargetImpl)(); }
 
@@ -759,6 +782,9 @@ void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
 }
 void unpack_bits_simd(const uint8_t* packed, uint64_t n, int bits, uint8_t* codes) {
   HWY_DYNAMIC_DISPATCH(UnpackBitsImpl)(packed, n, bits, codes);
+}
+void lookup_add4_u8(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d) {
+  HWY_DYNAMIC_DISPATCH(LookupAdd4U8Impl)(table, packed, n, d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,6 +888,13 @@ void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, f
     case IntType::kI8: return nat_dequant_t(static_cast<const int8_t*>(sums) + off, n, f, e, sub, out);
     case IntType::kI16: return nat_dequant_t(static_cast<const int16_t*>(sums) + off, n, f, e, sub, out);
     case IntType::kI32: return nat_dequant_t(static_cast<const int32_t*>(sums) + off, n, f, e, sub, out);
+  }
+}
+
+void lookup_add4_u8_scalar(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint8_t b = packed[i / 2];
+    d[i] = static_cast<uint8_t>(d[i] + table[(i & 1) ? (b >> 4) : (b & 0xF)]);
   }
 }
 

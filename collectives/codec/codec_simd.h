@@ -83,6 +83,10 @@ void nat_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float f,
 void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
                         float* out);
 
+// d[i] += table[index i] (8-bit wrap) for n 4-bit indices packed two per byte, low nibble first
+// (the lookup-and-add of the index form for 4-bit codes and 8-bit sums; table holds 16 entries).
+void lookup_add4_u8(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d);
+void lookup_add4_u8_scalar(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d);
 // Typed store of int32 values (static_cast to the type: two's-complement truncation).
 void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);
 void store_values_scalar(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);

@@ -738,6 +738,25 @@ TEST(SimdKernels, PackUnpackEveryWidth) {
   });
 }
 
+TEST(SimdKernels, LookupAdd4U8MatchesScalar) {
+  std::mt19937 gen(9);
+  for_each_target([&] {
+    uint8_t table[16];
+    for (auto& t : table) t = static_cast<uint8_t>(gen());
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{31}, uint64_t{32}, uint64_t{33}, uint64_t{64},
+                       uint64_t{1000}, uint64_t{65537}}) {
+      std::vector<uint8_t> packed((n + 1) / 2 + 1);
+      for (auto& b : packed) b = static_cast<uint8_t>(gen());
+      std::vector<uint8_t> a(n + 8), b(n + 8);
+      for (auto& x : a) x = static_cast<uint8_t>(gen());
+      b = a;
+      kern::lookup_add4_u8(table, packed.data(), n, a.data());
+      kern::lookup_add4_u8_scalar(table, packed.data(), n, b.data());
+      ASSERT_EQ(a, b) << "n=" << n;  // (the definition itself: LookupAdd in schedules_test)
+    }
+  });
+}
+
 TEST(SimdKernels, PreludeStatistics) {
   for_each_target([&] {
     for (Input kind : {Input::kGauss, Input::kZeros, Input::kDenormal, Input::kHuge, Input::kPow2, Input::kMixed}) {
