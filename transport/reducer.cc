@@ -1,5 +1,6 @@
 #include "transport/reducer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/codec/codec_simd.h"
@@ -77,7 +78,20 @@ void lookup_t(const LookupTable& t, const uint8_t* packed, uint64_t first, uint6
     }
     if (i < n) d[i] = static_cast<T>(d[i] + v[p[i / 2] & 0xF]);
   } else {
-    for (uint64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] + v[elem::packed_get(packed, first + i, t.bits)]);
+    // Other widths (Cnat's 5 bits): the head up to a byte boundary (every 8th element starts one)
+    // element by element, then runs of codes unpacked by the SIMD unpacker and looked up by byte.
+    uint64_t i = 0;
+    for (; i < n && ((first + i) & 7) != 0; ++i)
+      d[i] = static_cast<T>(d[i] + v[elem::packed_get(packed, first + i, t.bits)]);
+    constexpr uint64_t kRun = 4096;
+    uint8_t codes[kRun];
+    while (i + 8 <= n) {
+      const uint64_t m = std::min<uint64_t>(kRun, (n - i) & ~uint64_t{7});
+      codec::kern::unpack_bits_simd(packed + (first + i) / 8 * static_cast<uint64_t>(t.bits), m, t.bits, codes);
+      for (uint64_t k = 0; k < m; ++k) d[i + k] = static_cast<T>(d[i + k] + v[codes[k]]);
+      i += m;
+    }
+    for (; i < n; ++i) d[i] = static_cast<T>(d[i] + v[elem::packed_get(packed, first + i, t.bits)]);
   }
 }
 }  // namespace
