@@ -16,6 +16,7 @@
 
 #include "collectives/codec/codec.h"
 #include "collectives/engine/knobs.h"
+#include "collectives/engine/plan_rules.h"
 #include "cuda/nccl_api_internal.h"
 #include "cuda/thc_cuda.h"
 
@@ -87,7 +88,6 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-uint64_t mix(uint64_t h, uint64_t v) { return h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2)); }
 
 bool is_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -155,15 +155,14 @@ struct thcNcclComm_s {
   bool use_ps(const Codec& c) const {
     if (cfg.algo == THC_ALGO_INT) return false;
     if (cfg.algo == THC_ALGO_PS) return true;
-    // Per element and rank a ring allreduce of values moves 2(n-1)/n * w bits; the colocated
-    // PS moves (n-1)/n * (b + w) bits.
+    // The engine's bytes rule (no downstream re-compression on this path).
     const int w = static_cast<int>(thc::codec::int_size(c.sum_type())) * 8;
-    return c.index_bits() + w < 2 * w;
+    return thc::engine::ps_moves_fewer_bits(c.index_bits(), w, w);
   }
 
   uint64_t chunk_blocks(const Layout& lay) const {
-    const size_t bytes = std::max<size_t>(g_min_chunk_bytes.load(), static_cast<size_t>(std::max(cfg.chunk_bytes, 4L)));
-    return std::max<uint64_t>(1, bytes / 4 / lay.block);
+    return thc::engine::chunk_blocks_for(
+        std::max<int64_t>(static_cast<int64_t>(g_min_chunk_bytes.load()), static_cast<int64_t>(cfg.chunk_bytes)), lay.block);
   }
 };
 
@@ -292,10 +291,10 @@ void allreduce(thcNcclComm_s* c, const void* send, void* recv, size_t count, ncc
   float* efr = ef ? ef->d : nullptr;
 
   uint64_t h = cod->digest();
-  h = mix(h, count);
-  h = mix(h, mean ? 1 : 0);
-  h = mix(h, static_cast<uint64_t>(dt));
-  h = mix(h, ps ? 1 : 0);
+  h = thc::engine::digest_mix(h, count);
+  h = thc::engine::digest_mix(h, mean ? 1 : 0);
+  h = thc::engine::digest_mix(h, static_cast<uint64_t>(dt));
+  h = thc::engine::digest_mix(h, ps ? 1 : 0);
 
   // 1. prelude: statistics + check words, one MAX
   THC_CHECK_CUDA(tc::prelude(base + w.pre_temp, &pre_temp_bytes, *dcod, lay, send, it, efr, stats, check, h, stream));
@@ -393,7 +392,7 @@ uint64_t config_digest(const thc_config_t& cfg) {
                      static_cast<uint64_t>(cfg.nat_scheme), static_cast<uint64_t>(cfg.nat_width),
                      static_cast<uint64_t>(cfg.nat_levels), static_cast<uint64_t>(cfg.dnat_norm),
                      static_cast<uint64_t>(cfg.chunk_bytes), static_cast<uint64_t>(cfg.algo)})
-    h = mix(h, v);
+    h = thc::engine::digest_mix(h, v);
   return h;
 }
 

@@ -1,5 +1,6 @@
 #include "collectives/engine/engine.h"
 #include "collectives/engine/agreement.h"
+#include "collectives/engine/plan_rules.h"
 #include "collectives/engine/knobs.h"
 
 #include <algorithm>
@@ -12,11 +13,6 @@
 
 namespace thc::engine {
 namespace {
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h;
-}
 
 // Cnat re-compression of shard sums for the colocated PS downstream (bidirectional
 // compression): each integer sum S becomes an unbiased power of two ±2^k (or 0), one byte:
@@ -163,7 +159,7 @@ Algo Engine::choose_algo(const codec::Codec& c) const {
   const int w = static_cast<int>(codec::int_size(c.sum_type())) * 8;
   const bool nat = !c.rotates();
   const int down = (nat && cfg_.bidir && reducer_->applies_downstream()) ? 8 : w;
-  const Algo a = (c.index_bits() + down < 2 * w) ? Algo::kPs : Algo::kInt;
+  const Algo a = ps_moves_fewer_bits(c.index_bits(), down, w) ? Algo::kPs : Algo::kInt;
   if (say)
     std::fprintf(stderr,
                  "thc: THC_ALGO=auto: %s (per element and rank: ps moves (n-1)/n*(%d index + %d sum) bits, the "
@@ -191,9 +187,9 @@ CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool me
     require_recompress_headroom(*p.cod, size());
     p.down = std::make_unique<NatRecompress>(p.cod->sum_type(), p.rng);
   }
-  p.chunk_blocks = std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / p.lay.block);
+  p.chunk_blocks = chunk_blocks_for(cfg_.chunk_bytes, p.lay.block);
   uint64_t h = 0;
-  for (const PreludeField& f : prelude_fields(p)) h = mix(h, f.value);
+  for (const PreludeField& f : prelude_fields(p)) h = digest_mix(h, f.value);
   p.digest = h;
   return p;
 }
