@@ -144,8 +144,15 @@ struct CollCtx {
 };
 ncclResult_t cn_init_v11(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
   if (!ctx) return ncclInvalidArgument;
+  *ctx = nullptr;
   const ncclResult_t r = collnet::init(logger);
   if (r != ncclSuccess) return r;
+  // No CollNet device (no THC_COLLNET_AGGREGATOR): no ctx. NCCL 2.28's ncclNetFinalize calls
+  // comm->ncclCollNet->finalize(ctx) whenever the ctx is non-NULL, while comm->ncclCollNet stays
+  // NULL for a CollNet whose devices() said 0: a ctx here made every ncclCommDestroy of a net-only
+  // job fault (NCCL 2.28.3, H200: SIGSEGV at address 0x90, the finalize field).
+  int ndev = 0;
+  if (collnet::devices(&ndev) != ncclSuccess || ndev <= 0) return ncclSuccess;
   *ctx = new CollCtx{comm_id};
   return ncclSuccess;
 }

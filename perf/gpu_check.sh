@@ -460,7 +460,7 @@ nccl_job() {
     -x LD_LIBRARY_PATH="$(dirname "$PLUGIN"):/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}" \
     -x NCCL_NET_PLUGIN="${NCCL_JOB_PLUGIN:-thc}" -x NCCL_NET="${NCCL_JOB_NET:-THC}" \
     -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
-    -x THC_COLLNET_AGGREGATOR="$AGG_URL" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
+    -x THC_COLLNET_AGGREGATOR="${NCCL_JOB_AGG-$AGG_URL}" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
     -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET,COLL,ENV -x NCCL_TESTS_DEVICE=0 \
     bash -c 'NCCL_HOSTID="thc-gpu-check-$OMPI_COMM_WORLD_RANK" exec "$@"' nccl-rank "$@" \
     > "$OUT/nccl_$name.log" 2>&1
@@ -528,7 +528,9 @@ if [ $BUILT_OK -eq 1 ]; then
 
     if [ -n "$NT_BIN" ]; then
       # CollNet off: NCCL's ring runs over the plugin's UCX transport; nccl-tests checks exactly.
-      nccl_job tests_net 0 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 1
+      # No aggregator either (the net-only use): the plugin's CollNet has no device, and NCCL's
+      # teardown must not touch it (NCCL 2.28.3 faulted in ncclCommDestroy when it had a ctx).
+      NCCL_JOB_AGG="" nccl_job tests_net 0 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 1
       rc=$?
       ev=$(nccl_evidence "$OUT/nccl_tests_net.log")
       bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_net.log" | awk '{print $NF}')

@@ -214,6 +214,8 @@ struct CollNet {
   std::function<ncclResult_t(void*, int*, int*)> test;
   std::function<ncclResult_t(void*)> close_coll, close_listen;
   std::function<ncclResult_t()> finalize;
+  // v11: the ctx each init returned (NCCL keeps it as comm->collNetContext)
+  std::shared_ptr<std::vector<void*>> ctxs;
 };
 
 
@@ -451,6 +453,7 @@ CollNet load_collnet(void* lib, int v) {
       if (r == ncclSuccess) ctx->push_back(x);
       return r;
     };
+    c.ctxs = ctx;
     c.listen = [t, ctx](int d, void* h, void** l) { return t->listen(ctx->back(), d, h, l); };
     c.iallreduce = t->iallreduce;
     c.finalize = [t, ctx] {
@@ -1193,6 +1196,11 @@ void off_suite(Net& net, CollNet& cn) {
   CHECK_OK(net.devices(&nd));
   CHECK_OK(cn.devices(&cd));
   CHECK(nd >= 1 && cd == 0, "without THC_COLLNET_AGGREGATOR: %d net devices, %d CollNet devices", nd, cd);
+  // NCCL 2.28 (ncclNetFinalize) calls comm->ncclCollNet->finalize(comm->collNetContext) whenever
+  // that ctx is non-NULL, but leaves comm->ncclCollNet NULL when devices() said 0: a disabled
+  // CollNet must hand back a NULL ctx, or every ncclCommDestroy of a net-only job faults (seen
+  // with NCCL 2.28.3 on an H200: SIGSEGV at address 0x90, the finalize field).
+  if (cn.ctxs) CHECK(!cn.ctxs->empty() && cn.ctxs->back() == nullptr, "v11 CollNet init without an aggregator returned a non-NULL ctx");
   CHECK_OK(cn.finalize());
   say("  collnet v%d without THC_COLLNET_AGGREGATOR: 0 devices; net: %d", cn.version, nd);
 }
