@@ -3,6 +3,9 @@
 # library they need, for a GPU machine that has the CUDA driver but none of thc's Debian packages.
 #
 #   bash perf/gpu_bundle.sh [BUILD_DIR [NCCL_TESTS_BUILD_DIR]]     -> gpu_bundle/thc-gpu-bundle.tar.xz
+#   (BUILD_DIR: a CUDA-enabled build, default ./build; NCCL_TESTS_BUILD_DIR: scratch folder for
+#   nccl-tests, default /tmp/nt-build, built there from THC_NCCL_TESTS_DIR or
+#   ../shared/third_party/nccl-tests when it holds no all_reduce_perf yet)
 #   THC_GPU_BUNDLE=gpu_bundle/thc-gpu-bundle.tar.xz bash perf/gpu_check.sh      (on the GPU machine)
 #
 # Why: a lent GPU machine here has nvcc, CMake and PyTorch but no Highway, GoogleTest, CLI11, Open
@@ -14,8 +17,7 @@
 #   bin/         the GPU tests and tools, stripped: cuda_*_test, thc_gpu_bench, thc_gpu_mpi_check,
 #                thc-aggregator, thc_allreduce_perf, libnccl-net-thc.so, nccl_plugin_conformance
 #                (the plugin driven as NCCL's proxy would, without NCCL), and nccl-tests'
-#                all_reduce_perf when NCCL_TESTS_BUILD_DIR holds one (built from the third-party
-#                tree with MPI=1, see perf/gpu_check.sh step 6)
+#                all_reduce_perf (MPI=1, sm_90)
 #   lib/         every library those programs and Open MPI's components load, found by ldd, except
 #                the C runtime (glibc, libstdc++, libgcc_s), the CUDA driver (libcuda) and NCCL
 #                (libnccl.so.2 is 200 MB; the GPU machine's own NCCL is used, see gpu_check.sh)
@@ -58,10 +60,23 @@ copy_bin "$BUILD/tests/nccl_plugin/nccl_plugin_conformance"
 copy_bin "$BUILD/nccl_plugin/libnccl-net-thc.so"
 copy_bin "$BUILD/switch_offload/thc-aggregator"
 copy_bin "$BUILD/perf/allreduce_perf/thc_allreduce_perf"
+# nccl-tests' all_reduce_perf, built from the third-party tree into a scratch folder (never into the
+# tree), with MPI so that one process per rank can run under mpirun there.
+NT_SRC=""
+for d in "${THC_NCCL_TESTS_DIR:-}" "$ROOT/shared/third_party/nccl-tests" "$ROOT/../shared/third_party/nccl-tests"; do
+  [ -n "$d" ] && [ -f "$d/src/Makefile" ] && { NT_SRC=$d; break; }
+done
+if [ ! -x "$NT_BUILD/all_reduce_perf" ] && [ -n "$NT_SRC" ]; then
+  echo "gpu_bundle: building nccl-tests' all_reduce_perf from $NT_SRC into $NT_BUILD"
+  mkdir -p "$NT_BUILD"
+  make -j "$(nproc)" -C "$NT_SRC/src" BUILDDIR="$NT_BUILD" MPI=1 MPI_HOME=/usr/lib/x86_64-linux-gnu/openmpi \
+    CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr/local/cuda NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 \
+    "$NT_BUILD/all_reduce_perf" > "$STAGE/nccl_tests_build.log" 2>&1 || { tail -20 "$STAGE/nccl_tests_build.log"; exit 1; }
+fi
 if [ -x "$NT_BUILD/all_reduce_perf" ]; then
   copy_bin "$NT_BUILD/all_reduce_perf"
 else
-  echo "gpu_bundle: no nccl-tests all_reduce_perf in $NT_BUILD (build it as gpu_check.sh step 6 says); left out"
+  echo "gpu_bundle: no nccl-tests sources (THC_NCCL_TESTS_DIR) and no all_reduce_perf in $NT_BUILD: left out"
 fi
 
 # Open MPI and PMIx at their Debian paths (relocated at run time).
@@ -105,7 +120,7 @@ done
   echo "files:"
   (cd "$STAGE" && find . -type f -o -type l | sort)
 } > "$STAGE/MANIFEST"
-rm -f "$STAGE/build.log"
+rm -f "$STAGE/build.log" "$STAGE/nccl_tests_build.log"
 tar -C "$STAGE" -cf - . | xz -T0 -6 > "$DEST/thc-gpu-bundle.tar.xz"
 size=$(stat -c %s "$DEST/thc-gpu-bundle.tar.xz")
 echo "gpu_bundle: $DEST/thc-gpu-bundle.tar.xz, $((size / 1048576)) MiB ($(find "$STAGE" -type f | wc -l) files)"
