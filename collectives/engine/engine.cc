@@ -163,7 +163,8 @@ Algo Engine::choose_algo(const codec::Codec& c) const {
   if (say)
     std::fprintf(stderr,
                  "thc: THC_ALGO=auto: %s (per element and rank: ps moves (n-1)/n*(%d index + %d sum) bits, the "
-                 "int ring 2(n-1)/n*%d bits)\n",
+                 "int ring 2(n-1)/n*%d bits; both run 2(n-1) pipelined steps, so the link's latency and "
+                 "bandwidth scale both alike)\n",
                  a == Algo::kPs ? "ps" : "int", c.index_bits(), down, w);
   return a;
 }
