@@ -103,7 +103,7 @@ while [ ${#queue[@]} -gt 0 ]; do
   f=${queue[0]}
   queue=("${queue[@]:1}")
   while read -r name path; do
-    [ -n "$path" ] && [ -f "$path" ] || continue
+    if [ -z "$path" ] || [ ! -f "$path" ]; then continue; fi
     [[ $name =~ $skip ]] && continue
     [ -n "${seen[$name]:-}" ] && continue
     seen[$name]=1
@@ -115,7 +115,7 @@ done
 
 {
   echo "thc commit: $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
-  echo "built: $(date -u) on $(uname -n), $(. /etc/os-release; echo "$PRETTY_NAME"), $(nvcc --version 2>/dev/null | tail -1)"
+  echo "built: $(date -u) on $(uname -n), $(grep -m1 '^PRETTY_NAME=' /etc/os-release | cut -d= -f2-), $(nvcc --version 2>/dev/null | tail -1)"
   grep -E '^(CMAKE_BUILD_TYPE|CMAKE_CUDA_ARCHITECTURES|THC_WITH_[A-Z]+):' "$BUILD/CMakeCache.txt" || true
   echo "files:"
   (cd "$STAGE" && find . -type f -o -type l | sort)

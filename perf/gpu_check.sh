@@ -48,7 +48,8 @@
 # Environment: OUT (outputs), THC_GPU_BUILD (build folder, default $TMPDIR/thc-gpu-build),
 # THC_GPU_CHECK_NP (MPI processes, default 4), THC_GPU_CHECK_NCCL_NP (NCCL ranks, default the same),
 # THC_NCCL_TESTS_DIR (nccl-tests sources), THC_GPU_BENCH_COUNT (floats, default 2^26),
-# THC_GPU_CHECK_TEST_TIMEOUT (seconds per gtest binary, default 200), THC_GPU_CHECK_NCCL_TIMEOUT
+# THC_GPU_CHECK_TEST_TIMEOUT (seconds per gtest binary, default 200), THC_GPU_CHECK_MPS (1: also the
+# net-only NCCL jobs under CUDA MPS when nvidia-cuda-mps-control exists; 0: not), THC_GPU_CHECK_NCCL_TIMEOUT
 # (seconds per NCCL job, default 150),
 # THC_GPU_CHECK_PRETEND_MISSING (e.g. "random123 gtest cli11 hwy mpi": test the fallbacks).
 set -u -o pipefail
@@ -461,7 +462,7 @@ nccl_job() {
     -x NCCL_NET_PLUGIN="${NCCL_JOB_PLUGIN:-thc}" -x NCCL_NET="${NCCL_JOB_NET:-THC}" \
     -x NCCL_COLLNET_ENABLE="$collnet" -x NCCL_ALGO="$algo" \
     -x THC_COLLNET_AGGREGATOR="${NCCL_JOB_AGG-$AGG_URL}" -x THC_AGGREGATOR_KEY_FILE -x THC_TIMEOUT_MS=30000 \
-    -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET,COLL,ENV -x NCCL_TESTS_DEVICE=0 \
+    -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS="${NCCL_JOB_SUBSYS:-INIT,NET,COLL,ENV}" -x NCCL_TESTS_DEVICE=0 \
     bash -c 'NCCL_HOSTID="thc-gpu-check-$OMPI_COMM_WORLD_RANK" exec "$@"' nccl-rank "$@" \
     > "$OUT/nccl_$name.log" 2>&1
 }
@@ -559,6 +560,31 @@ if [ $BUILT_OK -eq 1 ]; then
         step "nccl-tests collnet np=$NCCL_NP" "ok" "avg busbw ${bw:-?} GB/s; log: $ev"
       else
         step "nccl-tests collnet np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet.log") (nccl_tests_collnet.log)"
+      fi
+    fi
+
+    # The same two net-only jobs with CUDA MPS running: without it the ranks sharing the GPU
+    # time-slice it and every transport looks alike; with it the plugin's transport speed shows.
+    if [ -n "$NT_BIN" ] && command -v nvidia-cuda-mps-control >/dev/null && [ "${THC_GPU_CHECK_MPS:-1}" = 1 ]; then
+      export CUDA_MPS_PIPE_DIRECTORY="$BUILD/mps" CUDA_MPS_LOG_DIRECTORY="$BUILD/mps-log"
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      if nvidia-cuda-mps-control -d > "$OUT/mps.log" 2>&1; then
+        NCCL_JOB_SUBSYS=INIT,NET,ENV NCCL_JOB_AGG="" nccl_job mps_net 0 120 "$NT_BIN" -b 1M -e 64M -f 4 -n 10 -w 3 -c 1
+        rc1=$?
+        NCCL_JOB_SUBSYS=INIT,NET,ENV NCCL_JOB_PLUGIN=none NCCL_JOB_NET=Socket nccl_job mps_socket 0 120 "$NT_BIN" -b 1M -e 64M -f 4 -n 10 -w 3 -c 1
+        rc2=$?
+        echo quit | nvidia-cuda-mps-control >> "$OUT/mps.log" 2>&1
+        big() { awk '$1 == 67108864 && $3 == "float" {print $8}' "$1" | head -1; }
+        avg() { grep -m1 'Avg bus bandwidth' "$1" | awk '{print $NF}'; }
+        if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "Out of bounds values : 0 OK" "$OUT/nccl_mps_net.log" &&
+           grep -q "Out of bounds values : 0 OK" "$OUT/nccl_mps_socket.log"; then
+          step "nccl-tests MPS np=$NCCL_NP" "ok" "busbw at 64 MB: THC net $(big "$OUT/nccl_mps_net.log"), NCCL socket $(big "$OUT/nccl_mps_socket.log") GB/s; avg 1-64 MB $(avg "$OUT/nccl_mps_net.log") vs $(avg "$OUT/nccl_mps_socket.log")"
+        else
+          step "nccl-tests MPS np=$NCCL_NP" "FAILED" "rc=$rc1/$rc2; $(nccl_first_error "$OUT/nccl_mps_net.log") (nccl_mps_net.log, nccl_mps_socket.log)"
+        fi
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+      else
+        step "nccl-tests MPS" "skipped" "nvidia-cuda-mps-control -d failed (mps.log)"
       fi
     fi
 

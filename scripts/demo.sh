@@ -10,18 +10,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHC_BUILD_TESTS=OFF -DTHC_BUILD_PERF=ON >/dev/null
-cmake --build build --target thc_allreduce_perf thc-aggregator thc_demo
+# Its own build folder: ./scripts/test.sh builds build/ with other options (tests, debug info), and
+# neither run should undo the other's configuration.
+B=build-demo
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHC_BUILD_TESTS=OFF -DTHC_BUILD_PERF=ON >/dev/null
+cmake --build "$B" --target thc_allreduce_perf thc-aggregator thc_demo
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
-OUT=build/demo-results
+OUT=$B/demo-results
 SIZE=${THC_DEMO_SIZE:-32M}
 if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
   echo "demo: the 1 Gbit/s cluster needs root (network namespaces); running on shared memory only" >&2
 else
   echo "demo: 4 emulated hosts, 1 Gbit/s links, $SIZE of float32 per rank (this takes about a minute)"
   rm -rf "$OUT"
-  if ! perf/compare.sh --out "$OUT" --rates 1gbit --min-size "$SIZE" --max-size "$SIZE" --iters 2 --warmup 1 \
+  if ! perf/compare.sh --bin-dir "$B/perf/allreduce_perf" --out "$OUT" --rates 1gbit --min-size "$SIZE" --max-size "$SIZE" --iters 2 --warmup 1 \
       --checks 1 --configs "none none-ring thc-auto cnat-auto thc-agg-switch" >"$OUT.log" 2>&1; then
     tail -n 30 "$OUT.log" >&2
     echo "demo: some runs failed (log: $OUT.log)" >&2
@@ -55,9 +58,8 @@ print("\nB/elem: bytes per element on each rank's link in its busier direction (
 EOF
 fi
 # Shared memory: no bandwidth bottleneck at all.
-mkdir -p build
-mpirun --oversubscribe --bind-to none -np 4 build/examples/thc_demo >build/demo-shm.txt 2>&1 || true
-python3 - build/demo-shm.txt <<'EOF'
+mpirun --oversubscribe --bind-to none -np 4 "$B/examples/thc_demo" >"$B/demo-shm.txt" 2>&1 || true
+python3 - "$B/demo-shm.txt" <<'EOF'
 import re, sys
 f32 = thc = None
 for line in open(sys.argv[1]):
