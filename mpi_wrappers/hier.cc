@@ -8,35 +8,23 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collectives/engine/agreement.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
 #include "collectives/engine/knobs.h"
+#include "common/keep_forever.h"
 #include "transport/mpi/mpi_reducer.h"
+#include "transport/mpi/mpi_wait.h"
 
 namespace thc::mpi {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// MPI can neither cancel nor free a started collective: a buffer handed to one that was given
-// up on (timeout) may still be written when the missing peer comes, so it is parked here.
-void keep_forever(std::vector<uint32_t>&& buf) {
-  static std::mutex mu;
-  static auto* parked = new std::vector<std::vector<uint32_t>>();  // never freed, on purpose
-  std::lock_guard<std::mutex> lk(mu);
-  parked->push_back(std::move(buf));
-}
 
 // Every wait bounded by THC_TIMEOUT_MS (<= 0: none), and the communicator broken after a
 // failed or abandoned operation (the ranks are out of step then), as the MPI backend does.
@@ -45,9 +33,6 @@ struct Waits {
   bool broken = false;
   std::string why;
 
-  Clock::time_point deadline() const {
-    return timeout_ms > 0 ? Clock::now() + std::chrono::milliseconds(timeout_ms) : Clock::time_point::max();
-  }
   void check_usable() const {
     if (broken)
       fail(Status::kTransport, "hierarchical allreduce: an earlier operation on this communicator failed (" + why +
@@ -63,29 +48,18 @@ struct Waits {
   }
   void check(int rc, const char* what) {
     if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "error %d", rc);
-    fail_broken(Status::kTransport, std::string("hierarchical allreduce: ") + what + " failed: " + msg);
+    fail_broken(Status::kTransport, std::string("hierarchical allreduce: ") + what + " failed: " +
+                                        transport::mpi_error_text(rc));
   }
   void wait(MPI_Request* req, const char* what) {
-    // Spins briefly, then sleeps with a growing backoff (10..200 us) like the schedules' waits:
-    // ranks that wait for a slower peer leave the cores to the ranks doing the work.
-    const Clock::time_point start = Clock::now(), until = deadline();
-    uint64_t nap_us = 10;
-    while (true) {
-      int flag = 0;
-      check(PMPI_Test(req, &flag, MPI_STATUS_IGNORE), what);
-      if (flag) return;
-      const Clock::time_point now = Clock::now();
-      if (now - start > std::chrono::microseconds(50)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
-        nap_us = std::min<uint64_t>(nap_us * 2, 200);
-      }
-      if (now >= until)
-        fail_broken(Status::kTimeout, std::string("hierarchical allreduce: ") + what + ": a peer did not take part within " +
-                                          std::to_string(timeout_ms) + " ms (THC_TIMEOUT_MS)");
+    int rc = MPI_SUCCESS;
+    switch (transport::mpi_wait_until(req, transport::mpi_deadline(timeout_ms), &rc)) {
+      case transport::MpiWait::kDone: return;
+      case transport::MpiWait::kError: check(rc, what); return;
+      case transport::MpiWait::kTimeout: break;
     }
+    fail_broken(Status::kTimeout, std::string("hierarchical allreduce: ") + what + ": a peer did not take part within " +
+                                      std::to_string(timeout_ms) + " ms (THC_TIMEOUT_MS)");
   }
   // Element-wise MAX over comm, in place.
   void max_u32(MPI_Comm comm, uint32_t* data, size_t n, const char* what) {
@@ -101,19 +75,13 @@ struct Waits {
     std::memcpy(data, buf.data(), n * 4);
   }
   MPI_Comm idup(MPI_Comm comm) {
-    std::vector<uint32_t> slot((sizeof(MPI_Comm) + 3) / 4);
-    auto* out = reinterpret_cast<MPI_Comm*>(slot.data());
-    *out = MPI_COMM_NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(PMPI_Comm_idup(comm, out, &req), "creating the communicator (MPI_Comm_idup)");
     try {
-      wait(&req, "creating the communicator (MPI_Comm_idup)");
-    } catch (const Error&) {
-      keep_forever(std::move(slot));
-      throw;
+      return transport::mpi_idup_bounded(comm, timeout_ms, "hierarchical allreduce");
+    } catch (const Error& e) {
+      fail_broken(e.status(), e.what());
     }
-    return *out;
   }
+
 };
 
 uint64_t mix(uint64_t h, uint64_t v) {

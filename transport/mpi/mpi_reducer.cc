@@ -7,42 +7,22 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/keep_forever.h"
+#include "transport/mpi/mpi_wait.h"
 #include "transport/schedules/schedules.h"
 
 namespace thc::transport {
 
 void mpi_fail(int rc, const char* call, const char* file, int line) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "error %d", rc);
-  fail(Status::kTransport, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + msg);
+  fail(Status::kTransport, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + mpi_error_text(rc));
 }
 
 namespace {
 
-// MPI can neither cancel nor free a started collective: a MAX given up on (timeout) may still
-// complete later, when its missing peer joins, and then writes its buffer. Such buffers are
-// parked here for the life of the process.
-void keep_forever(std::vector<uint8_t>&& buf) {
-  static std::mutex mu;
-  static auto* parked = new std::vector<std::vector<uint8_t>>();  // never freed, on purpose
-  if (buf.empty()) return;
-  std::lock_guard<std::mutex> lk(mu);
-  parked->push_back(std::move(buf));
-}
-
-using Clock = std::chrono::steady_clock;
-
-std::string mpi_error_text(int rc) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "error %d", rc);
-  return msg;
-}
+using Clock = MpiClock;
 
 // Link::Req <-> MPI_Request (a pointer in Open MPI, an int in MPICH; never the null word for a
 // live request).
@@ -66,8 +46,6 @@ class MpiLink final : public Link {
     int inter = 0;
     THC_CHECK_MPI(PMPI_Comm_test_inter(comm, &inter));
     if (inter) fail(Status::kUnsupported, "MPI backend: intercommunicators are not supported");
-    // A nonblocking duplicate, so that a rank that never creates its communicator makes the
-    // others fail within THC_TIMEOUT_MS instead of waiting forever.
     comm_ = idup(comm);
     THC_CHECK_MPI(PMPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     THC_CHECK_MPI(PMPI_Comm_rank(comm_, &rank_));
@@ -177,43 +155,21 @@ class MpiLink final : public Link {
       fail(Status::kInvalidArgument, "MPI backend: a message of " + std::to_string(bytes) + " bytes exceeds MPI's int counts");
     return static_cast<int>(bytes);
   }
-  Clock::time_point deadline() const {
-    return timeout_ms_ > 0 ? Clock::now() + std::chrono::milliseconds(timeout_ms_) : Clock::time_point::max();
-  }
+  Clock::time_point deadline() const { return mpi_deadline(timeout_ms_); }
   // Polls req until it completes (true) or the deadline passes (false); an MPI error throws.
-  // Sleeps between polls after a short spin: ranks may share cores.
   bool wait_until(MPI_Request* req, Clock::time_point until) {
-    const auto start = Clock::now();
-    uint64_t nap = 0;
-    while (true) {
-      int flag = 0;
-      const int rc = PMPI_Test(req, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        abandoned_ = true;
-        fail(Status::kTransport, "MPI backend: " + mpi_error_text(rc));
-      }
-      if (flag) return true;
-      const auto now = Clock::now();
-      if (now >= until) return false;
-      if (now - start < std::chrono::microseconds(50)) continue;
-      nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
-      std::this_thread::sleep_for(std::chrono::microseconds(nap));
+    int rc = MPI_SUCCESS;
+    switch (mpi_wait_until(req, until, &rc)) {
+      case MpiWait::kDone: return true;
+      case MpiWait::kTimeout: return false;
+      case MpiWait::kError: break;
     }
+    abandoned_ = true;
+    fail(Status::kTransport, "MPI backend: " + mpi_error_text(rc));
   }
-  MPI_Comm idup(MPI_Comm comm) {
-    // The handle is written when the duplicate completes: on a timeout it must outlive us.
-    std::vector<uint8_t> slot(sizeof(MPI_Comm));
-    MPI_Comm* out = reinterpret_cast<MPI_Comm*>(slot.data());
-    *out = MPI_COMM_NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    THC_CHECK_MPI(PMPI_Comm_idup(comm, out, &req));
-    if (!wait_until(&req, deadline())) {
-      keep_forever(std::move(slot));
-      fail(Status::kTimeout, "MPI backend: creating the communicator (MPI_Comm_idup): a peer did not take part within " +
-                                 std::to_string(timeout_ms_) + " ms (THC_TIMEOUT_MS)");
-    }
-    return *out;
-  }
+  // A nonblocking duplicate, so that a rank that never creates its communicator makes the
+  // others fail within THC_TIMEOUT_MS instead of waiting forever.
+  MPI_Comm idup(MPI_Comm comm) { return mpi_idup_bounded(comm, timeout_ms_, "MPI backend"); }
 
   long timeout_ms_;
   MPI_Comm comm_ = MPI_COMM_NULL;

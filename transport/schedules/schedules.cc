@@ -4,27 +4,16 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/keep_forever.h"
 #include "common/status.h"
 
 namespace thc::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Buffers a link may still touch after an operation was given up on: kept for the life of the
-// process (never freed, on purpose).
-void keep_forever(std::vector<uint8_t>&& buf) {
-  static std::mutex mu;
-  static auto* parked = new std::vector<std::vector<uint8_t>>();
-  if (buf.empty()) return;
-  std::lock_guard<std::mutex> lk(mu);
-  parked->push_back(std::move(buf));
-}
 
 // What the operations of one reducer share.
 struct Shared {
