@@ -88,7 +88,6 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-
 bool is_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &st) != cudaSuccess) return false;

@@ -19,6 +19,7 @@
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
 #include "collectives/engine/knobs.h"
+#include "collectives/engine/plan_rules.h"
 #include "common/keep_forever.h"
 #include "transport/mpi/mpi_reducer.h"
 #include "transport/mpi/mpi_wait.h"
@@ -81,13 +82,7 @@ struct Waits {
       fail_broken(e.status(), e.what());
     }
   }
-
 };
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h;
-}
 
 // Agreement words: a status (MAX of the failures of ranks that failed before exchanging), a
 // bitmap of those ranks (mod 32), then each field as (v, ~v) in 2 + 2 words: under MAX the pair
@@ -95,7 +90,6 @@ uint64_t mix(uint64_t h, uint64_t v) {
 constexpr size_t kWordStatus = 0, kWordFailed = 1, kWordNonFinite = 2, kWordDevice = 3, kWordFields = 4;
 using engine::field_agrees;
 using engine::put_field;
-std::string bitmap(uint32_t bits) { return engine::rank_bitmap(bits); }
 
 struct Field {
   const char* what;
@@ -108,7 +102,7 @@ void judge(const uint32_t* w, const std::vector<Field>& fields, int rank, const 
   if (w[kWordStatus] != 0) {
     if (own) throw *own;
     fail(static_cast<Status>(w[kWordStatus]),
-         "hierarchical allreduce: rank(s) " + bitmap(w[kWordFailed]) + " (bitmap of ranks mod 32) failed " + stage +
+         "hierarchical allreduce: rank(s) " + engine::rank_bitmap(w[kWordFailed]) + " (bitmap of ranks mod 32) failed " + stage +
              " (" + status_text(static_cast<Status>(w[kWordStatus])) +
              "; their own error message says why); nothing was reduced");
   }
@@ -119,7 +113,7 @@ void judge(const uint32_t* w, const std::vector<Field>& fields, int rank, const 
   }
   if (!bad.empty()) fail(Status::kConfigMismatch, "hierarchical allreduce: ranks disagree on " + bad + "; nothing was reduced");
   if (w[kWordNonFinite] != 0)
-    fail(Status::kNonFinite, "input contains NaN or Inf (ranks mod 32 bitmap " + bitmap(w[kWordNonFinite]) +
+    fail(Status::kNonFinite, "input contains NaN or Inf (ranks mod 32 bitmap " + engine::rank_bitmap(w[kWordNonFinite]) +
                                  "); nothing was reduced");
   (void)rank;
 }
@@ -283,7 +277,7 @@ class HierComm final : public capi::Composite {
         thc_config_t c = cfg_;
         // Independent randomness per slice; slice 0 keeps THC_SEED itself (one rank per host
         // and THC_HIER=1 then gives the flat engine's bits).
-        if (c.seed != 0 && lrank_ > 0) c.seed = mix(c.seed, static_cast<uint64_t>(lrank_)) | 1;
+        if (c.seed != 0 && lrank_ > 0) c.seed = engine::digest_mix(c.seed, static_cast<uint64_t>(lrank_)) | 1;
         inner_ = std::make_unique<engine::Engine>(transport::make_mpi_reducer(inner, c.timeout_ms), c);
       });
       PMPI_Comm_free(&inner);
@@ -449,7 +443,7 @@ class HierComm final : public capi::Composite {
     if (lrank_ == 0) a->unlink();  // every local rank has mapped it (or failed) by now
     if (st[0] != 0) {
       std::string msg = "hierarchical allreduce: no shared memory of " + std::to_string(bytes) +
-                        " bytes for the host's ranks (POSIX shm in /dev/shm) on rank(s) " + bitmap(st[1]) +
+                        " bytes for the host's ranks (POSIX shm in /dev/shm) on rank(s) " + engine::rank_bitmap(st[1]) +
                         " (bitmap of ranks mod 32)";
       if (err) msg += std::string(": ") + std::strerror(err);
       fail(Status::kOutOfMemory, msg + "; nothing was reduced");
@@ -581,7 +575,7 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
     }
   });
   uint64_t hh = 0;
-  for (char ch : emulated) hh = mix(hh, static_cast<unsigned char>(ch));
+  for (char ch : emulated) hh = engine::digest_mix(hh, static_cast<unsigned char>(ch));
   const std::vector<Field> fields = {{"THC_HIER", static_cast<uint64_t>(cfg.hier + 1)},
                                      {"THC_HIER_HOSTS", hh}};
   std::vector<uint32_t> agree = words(fields, rank, own.get());

@@ -15,62 +15,46 @@ void add_t(void* dst, const void* src, uint64_t n) {
   // Unsigned wrap is well defined; the codec sized the type so that no sum overflows.
   for (uint64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] + s[i]);
 }
-// 4-bit indices into 16-bit sums: one lookup per packed byte in a
+// 4-bit indices into 16-bit sums, four elements per step: one lookup per packed byte in a
 // 256-entry table of both lanes' values, added as lanes of a 64-bit word (SWAR: the top bit of each
 // lane is added apart so that no carry crosses into the next lane; the wrap within a lane is the
-// same as the element-wise unsigned addition). About twice as fast as one lookup per nibble.
-template <typename T>
-void lookup4_swar(const int32_t* v, const uint8_t* p, uint64_t n, T* d) {
-  static_assert(sizeof(T) == 1 || sizeof(T) == 2, "8- or 16-bit lanes");
-  constexpr int kW = 8 * static_cast<int>(sizeof(T));
-  constexpr uint64_t kH = sizeof(T) == 1 ? 0x8080808080808080ull : 0x8000800080008000ull;
-  constexpr uint64_t kLaneMask = (uint64_t{1} << kW) - 1;
+// same as the element-wise unsigned addition). Returns how many elements it did (a multiple of 4).
+uint64_t lookup4_u16_swar(const int32_t* v, const uint8_t* p, uint64_t n, uint16_t* d) {
+  constexpr uint64_t kH = 0x8000800080008000ull;
   uint64_t pair[256];
   for (int b = 0; b < 256; ++b)
-    pair[b] = (static_cast<uint64_t>(static_cast<uint32_t>(v[b & 15])) & kLaneMask) |
-              ((static_cast<uint64_t>(static_cast<uint32_t>(v[b >> 4])) & kLaneMask) << kW);
-  constexpr uint64_t kPairsPerWord = 64 / (2 * kW);  // 4 (u8) or 2 (u16)
-  constexpr uint64_t kElems = 2 * kPairsPerWord;     // elements per 64-bit word
+    pair[b] = (static_cast<uint64_t>(static_cast<uint16_t>(v[b & 15]))) |
+              (static_cast<uint64_t>(static_cast<uint16_t>(v[b >> 4])) << 16);
   uint64_t i = 0;
-  for (; i + kElems <= n; i += kElems) {
-    uint64_t add = 0;
-    for (uint64_t k = 0; k < kPairsPerWord; ++k) add |= pair[p[i / 2 + k]] << (2 * kW * k);
+  for (; i + 4 <= n; i += 4) {
+    const uint64_t add = pair[p[i / 2]] | (pair[p[i / 2 + 1]] << 32);
     uint64_t cur;
     std::memcpy(&cur, d + i, 8);
     cur = ((cur & ~kH) + (add & ~kH)) ^ ((cur ^ add) & kH);
     std::memcpy(d + i, &cur, 8);
   }
-  for (; i + 1 < n; i += 2) {
-    const uint8_t byte = p[i / 2];
-    d[i] = static_cast<T>(d[i] + v[byte & 0xF]);
-    d[i + 1] = static_cast<T>(d[i + 1] + v[byte >> 4]);
-  }
-  if (i < n) d[i] = static_cast<T>(d[i] + v[p[i / 2] & 0xF]);
+  return i;
 }
 
 template <typename T>
 void lookup_t(const LookupTable& t, const uint8_t* packed, uint64_t first, uint64_t n, void* dst) {
   T* d = static_cast<T*>(dst);
   const int32_t* v = t.values.data();
-  if constexpr (sizeof(T) == 1) {
-    if (t.bits == 4 && (first & 1) == 0 && t.values.size() >= 16 && n >= 64) {
-      uint8_t tbl[16];
-      for (int k = 0; k < 16; ++k) tbl[k] = static_cast<uint8_t>(v[k]);
-      codec::kern::lookup_add4_u8(tbl, packed + first / 2, n, reinterpret_cast<uint8_t*>(d));
-      return;
-    }
-  }
-  if constexpr (sizeof(T) == 2) {
-    if (t.bits == 4 && (first & 1) == 0 && t.values.size() >= 16 && n >= 64) {
-      lookup4_swar<T>(v, packed + first / 2, n, d);
-      return;
-    }
-  }
   if (t.bits == 8) {
     for (uint64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] + v[packed[first + i]]);
   } else if (t.bits == 4 && (first & 1) == 0) {
     const uint8_t* p = packed + first / 2;
     uint64_t i = 0;
+    // 8-bit sums: all through a byte shuffle (codec_simd); 16-bit: the bulk in SWAR lanes; the
+    // rest (and 32-bit sums) one byte of two nibbles at a time.
+    if constexpr (sizeof(T) == 1) {
+      uint8_t tbl[16];
+      for (int k = 0; k < 16; ++k) tbl[k] = static_cast<uint8_t>(v[k]);
+      codec::kern::lookup_add4_u8(tbl, p, n, reinterpret_cast<uint8_t*>(d));
+      i = n;
+    } else if constexpr (sizeof(T) == 2) {
+      i = lookup4_u16_swar(v, p, n, reinterpret_cast<uint16_t*>(d));
+    }
     for (; i + 1 < n; i += 2) {
       const uint8_t byte = p[i / 2];
       d[i] = static_cast<T>(d[i] + v[byte & 0xF]);

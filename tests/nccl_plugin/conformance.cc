@@ -550,21 +550,36 @@ std::vector<Msg> schedule(int n) {
   return m;
 }
 
+// NCCL_NET_MAX_REQUESTS send and receive buffers of `bytes` each, registered on the ring's comms
+// (host memory), as NCCL's proxy keeps one slot per request in flight.
+struct Window {
+  static constexpr size_t kSlots = NCCL_NET_MAX_REQUESTS;
+  std::vector<std::vector<uint8_t>> sbuf, rbuf;
+  std::vector<void*> smh, rmh;
+  Window(Net& net, const Ring& ring, size_t bytes) : sbuf(kSlots), rbuf(kSlots), smh(kSlots), rmh(kSlots) {
+    for (size_t w = 0; w < kSlots; ++w) {
+      sbuf[w].resize(bytes);
+      rbuf[w].resize(bytes);
+      CHECK_OK(net.reg_mr(ring.send, sbuf[w].data(), bytes, NCCL_PTR_HOST, &smh[w]));
+      CHECK_OK(net.reg_mr(ring.recv, rbuf[w].data(), bytes, NCCL_PTR_HOST, &rmh[w]));
+    }
+  }
+  void release(Net& net, const Ring& ring) {
+    for (size_t w = 0; w < kSlots; ++w) {
+      CHECK_OK(net.dereg_mr(ring.send, smh[w]));
+      CHECK_OK(net.dereg_mr(ring.recv, rmh[w]));
+    }
+  }
+};
+
 // NCCL's progress thread: a window of receives and sends, refilled as test() completes them.
 void stream_messages(Net& net, const Ring& ring, int nmsg, int round) {
   const int prev = (g_rank + g_size - 1) % g_size;
   const std::vector<Msg> sched = schedule(nmsg);
   const int window = NCCL_NET_MAX_REQUESTS;
-  std::vector<std::vector<uint8_t>> sbuf(static_cast<size_t>(window)), rbuf(static_cast<size_t>(window));
-  std::vector<void*> smh(static_cast<size_t>(window), nullptr), rmh(static_cast<size_t>(window), nullptr);
-  for (int w = 0; w < window; ++w) {
-    sbuf[static_cast<size_t>(w)].resize((size_t{4} << 20) + 64);
-    rbuf[static_cast<size_t>(w)].resize((size_t{4} << 20) + 64);
-    CHECK_OK(net.reg_mr(ring.send, sbuf[static_cast<size_t>(w)].data(), sbuf[static_cast<size_t>(w)].size(), NCCL_PTR_HOST,
-                        &smh[static_cast<size_t>(w)]));
-    CHECK_OK(net.reg_mr(ring.recv, rbuf[static_cast<size_t>(w)].data(), rbuf[static_cast<size_t>(w)].size(), NCCL_PTR_HOST,
-                        &rmh[static_cast<size_t>(w)]));
-  }
+  Window win(net, ring, (size_t{4} << 20) + 64);
+  auto &sbuf = win.sbuf, &rbuf = win.rbuf;
+  auto &smh = win.smh, &rmh = win.rmh;
   std::vector<void*> sreq(static_cast<size_t>(window), nullptr), rreq(static_cast<size_t>(window), nullptr);
   int posted_s = 0, posted_r = 0, done_s = 0, done_r = 0, null_sends = 0;
   int max_recv_in_flight = 0;
@@ -633,10 +648,7 @@ void stream_messages(Net& net, const Ring& ring, int nmsg, int round) {
     if (Clock::now() > end) die("streaming: %d/%d sends, %d/%d receives done", done_s, nmsg, done_r, nmsg);
   }
   CHECK(max_recv_in_flight >= std::min(nmsg, window), "only %d receives were in flight", max_recv_in_flight);
-  for (int w = 0; w < window; ++w) {
-    CHECK_OK(net.dereg_mr(ring.send, smh[static_cast<size_t>(w)]));
-    CHECK_OK(net.dereg_mr(ring.recv, rmh[static_cast<size_t>(w)]));
-  }
+  win.release(net, ring);
   (void)null_sends;
 }
 
@@ -779,16 +791,10 @@ void bw_suite(Net& net) {
   Ring ring = connect_ring(net, 0);
   const int window = NCCL_NET_MAX_REQUESTS;
   const size_t sizes[] = {4096, 65536, 524288, size_t{4} << 20};
-  const size_t maxs = size_t{4} << 20;
-  std::vector<std::vector<uint8_t>> sbuf(static_cast<size_t>(window)), rbuf(static_cast<size_t>(window));
-  std::vector<void*> smh(static_cast<size_t>(window)), rmh(static_cast<size_t>(window));
-  for (int w = 0; w < window; ++w) {
-    const size_t i = static_cast<size_t>(w);
-    sbuf[i].assign(maxs, static_cast<uint8_t>(g_rank * 16 + w));
-    rbuf[i].assign(maxs, 0);
-    CHECK_OK(net.reg_mr(ring.send, sbuf[i].data(), maxs, NCCL_PTR_HOST, &smh[i]));
-    CHECK_OK(net.reg_mr(ring.recv, rbuf[i].data(), maxs, NCCL_PTR_HOST, &rmh[i]));
-  }
+  Window win(net, ring, size_t{4} << 20);
+  auto &sbuf = win.sbuf, &rbuf = win.rbuf;
+  auto &smh = win.smh, &rmh = win.rmh;
+  for (size_t w = 0; w < Window::kSlots; ++w) std::fill(sbuf[w].begin(), sbuf[w].end(), static_cast<uint8_t>(g_rank * 16 + w));
   const int prev = (g_rank + g_size - 1) % g_size;
   say("  bw: %d ranks in a ring, %d messages in flight each way; slowest rank", g_size, window);
   say("  %10s %8s %12s %10s", "bytes", "msgs", "us/msg", "GB/s");
@@ -841,10 +847,7 @@ void bw_suite(Net& net) {
     }
   });
   progress.join();
-  for (int w = 0; w < window; ++w) {
-    CHECK_OK(net.dereg_mr(ring.send, smh[static_cast<size_t>(w)]));
-    CHECK_OK(net.dereg_mr(ring.recv, rmh[static_cast<size_t>(w)]));
-  }
+  win.release(net, ring);
   CHECK_OK(net.close_send(ring.send));
   CHECK_OK(net.close_recv(ring.recv));
   CHECK_OK(net.finalize());
