@@ -1,4 +1,4 @@
-// The THC aggregation protocol, version 2: the single definition of the packet format (spec:
+// The THC aggregation protocol, version 3: the single definition of the packet format (spec:
 // switch_offload/protocol/README.md). Clients, the software and DPDK aggregators, the fuzzers and a
 // P4 program all use these constants and functions; nothing else may hand-roll a header.
 //
@@ -14,7 +14,7 @@
 namespace thc::switch_offload::proto {
 
 constexpr uint32_t kMagic = 0x54484341;  // "THCA"
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kTagOffset = 56;  // 8-byte tag, the last header field
 
@@ -84,7 +84,9 @@ enum class ErrorCode : uint32_t {
   kNoTable = 7,         // index packet names a table id that is not installed (or wrong b/type)
   kLeftBehind = 8,      // partial aggregation went on without this worker and the result of
                         // this packet's slot is gone: the worker must rejoin
-  kMax = 8,
+  kJobBusy = 10,        // a restarted worker's fresh JOIN while the job's earlier run (some of its
+                        // workers have neither restarted nor left) still holds the job instance
+  kMax = 10,
 };
 
 enum class ParseError : uint8_t {
@@ -190,9 +192,13 @@ struct JoinAckBody {
 };
 constexpr uint32_t kResumeKnown = 1;  // resume_seq is known (else: ask again with a JOIN)
 
-constexpr size_t kJoinFixedBytes = kCookieBytes + 16;
+// The JOIN's fixed part ends in 8 reserved zero bytes: they make the smallest JOIN (no table) at
+// least as large as the JOIN_ACK, so no answer to a JOIN, repeated or not, amplifies.
+constexpr size_t kJoinReservedBytes = 8;
+constexpr size_t kJoinFixedBytes = kCookieBytes + 16 + kJoinReservedBytes;
 constexpr size_t kTableHeaderBytes = 4;
 constexpr size_t kJoinAckBytes = 40;
+static_assert(kJoinFixedBytes + kTableHeaderBytes >= kJoinAckBytes, "a JOIN_ACK must not be larger than its JOIN");
 
 ParseError parse_join(const uint8_t* p, size_t len, uint16_t nworkers, JoinBody* out);
 size_t write_join(const JoinBody& b, uint8_t* out, size_t cap);
