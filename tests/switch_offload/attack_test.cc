@@ -1,11 +1,12 @@
-// Attacks on the authenticated aggregation protocol (protocol version 2) by a stranger on the same
-// network as a running job (issue 15, "Hardening"). Every test runs a real thc-aggregator process
-// and real workers (UdpReducer on threads, the shared workload plan of workload.h with its exact
-// expected result) while an attacker without the job's key works against them. The attacker sees
-// copies of the job's datagrams, as a sniffer on the path would: each worker's channel is a tap
-// around the real UDP channel that records what the worker sends and receives. Where the test has
-// CAP_NET_RAW, the attacker also forges source addresses (raw IPv4 socket on loopback), as anyone
-// on a LAN can; those tests skip, saying so, without it.
+// Attacks on the authenticated aggregation protocol (protocol version 3) by a stranger on the same
+// network as a running job (issue 15, "Hardening"; replays, restarts and tenants: issue 19). Every
+// test runs a real thc-aggregator process and real workers (UdpReducer on threads, the shared
+// workload plan of workload.h with its exact expected result) while an attacker without the job's
+// key works against them. The attacker sees copies of the job's datagrams, as a sniffer on the
+// path would: each worker's channel is a tap around the real UDP channel that records what the
+// worker sends and receives. Where the test has CAP_NET_RAW, the attacker also forges source
+// addresses (raw IPv4 socket on loopback), as anyone on a LAN can; those tests skip, saying so,
+// without it.
 //
 // Each attack checks that the workers' results stay bit-identical to the exact sums and no worker
 // fails, that the aggregator counts what it dropped under the reason, and that the attacker (or a
@@ -964,12 +965,13 @@ TEST(Attack, JobIdsCannotBeSquattedWithoutTheirKey) {
   EXPECT_EQ(attacker.recv_bytes, 0u);
 }
 
-// Exhaustion: the aggregator holds 4 jobs, 2 per source address. A stranger (127.0.0.2) sends JOINs
-// for many job ids without a key: nothing is created. A key holder at 127.0.0.2 creates jobs until
-// its per-source limit, and is refused with an ERROR no larger than its JOIN; another source may
-// still create one, and the workers (127.0.0.1) still get theirs.
+// Exhaustion: the aggregator holds 6 jobs (3 per tenant key: the test key file has two), 2 per
+// source address. A stranger (127.0.0.2) sends JOINs for many job ids without a key: nothing is
+// created. A key holder at 127.0.0.2 creates jobs until its per-source limit, and is refused with an
+// ERROR no larger than its JOIN; another source may still create one, and the workers (127.0.0.1)
+// still get theirs.
 TEST(Attack, JobTableCannotBeExhaustedWithoutKeyNorFromOneSource) {
-  AggregatorProcess agg({"--max-jobs", "4", "--max-jobs-per-source", "2"});
+  AggregatorProcess agg({"--max-jobs", "6", "--max-jobs-per-source", "2"});
   const int world = 4;
   Sock stranger("127.0.0.2"), greedy("127.0.0.2"), other("127.0.0.3");
   proto::JoinParams jp;
@@ -1620,6 +1622,7 @@ void stuck_op_with_replayed_control(MsgType newest, uint32_t label) {
   if (newest == MsgType::kLeave) w[2]->send(recorded = w[2]->leave());  // then it dies
   w[2]->sock.drain(30);
   const Counters c0 = snap(agg);
+  const uint64_t sent0 = w[2]->sock.sent_bytes, recv0 = w[2]->sock.recv_bytes;
   w[0]->send(w[0]->values(1, 0, 10));
   w[1]->send(w[1]->values(1, 0, 20));
   std::atomic<bool> stop{false};
@@ -1633,7 +1636,11 @@ void stuck_op_with_replayed_control(MsgType newest, uint32_t label) {
   w[0]->sock.drain(20);
   stop = true;
   replay.join();
+  w[2]->sock.drain(30);
   const Counters c1 = snap(agg);
+  // A repeat draws the answer already given (to the worker's own address), never more bytes.
+  EXPECT_GT(w[2]->sock.recv_bytes, recv0) << "a repeat of the newest request is answered again";
+  EXPECT_LE(w[2]->sock.recv_bytes - recv0, w[2]->sock.sent_bytes - sent0) << "answers to repeats amplify";
   EXPECT_FALSE(w[0]->result(1).empty()) << "the stuck slot never completed: replays of the dead worker's "
                                         << proto::msg_type_name(newest) << " kept it 'heard'";
   EXPECT_EQ(delta(c1, c0, "stuck_completions"), 1u);

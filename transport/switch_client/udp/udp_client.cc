@@ -240,6 +240,13 @@ struct UdpReducer::Impl {
       st.ignored++;
       return;
     }
+    if (ctl && code == proto::ErrorCode::kJobBusy) {
+      // An answer to our JOIN, not a failure yet: join() waits and asks again.
+      ctl_have = true;
+      ctl_hdr = h;
+      ctl_payload.clear();
+      return;
+    }
     std::string what = std::string("aggregator rejected ") + (ctl ? "a request" : "packet seq " + std::to_string(h.seq)) +
                        ": " + proto::error_code_name(code);
     Status s = Status::kTransport;
@@ -258,7 +265,8 @@ struct UdpReducer::Impl {
       case proto::ErrorCode::kConfigMismatch:
         s = Status::kConfigMismatch;
         what += " (workers disagree on world size, quorum, quorum timeout, lanes or path MTU, or on the operation "
-                "sequence)";
+                "sequence; or an earlier run of this job label that did not end cleanly still holds it: the "
+                "aggregator frees it after its --job-idle-timeout of silence)";
         break;
       case proto::ErrorCode::kNoResources:
         what += " (aggregator --max-jobs, --max-memory or --max-jobs-per-source reached)";
@@ -724,6 +732,23 @@ struct UdpReducer::Impl {
       const proto::Header r = control(proto::MsgType::kJoin, body, jkey, left);
       if (r.type == proto::MsgType::kChallenge) {
         std::memcpy(cookie, ctl_payload.data(), sizeof cookie);
+        continue;
+      }
+      if (r.type == proto::MsgType::kError) {
+        // Job busy: this worker restarted while the job's earlier run holds the job instance. It is
+        // replaced once every worker of that run has come back (a run restarted after a crash starts
+        // one worker at a time), so ask again shortly, within max_wait_ms.
+        if (static_cast<double>(mono_us() - start) / 1000.0 + 50 >= opt.max_wait_ms)
+          die(Status::kTransport,
+              where() + ": the job is busy: an earlier run of job label " + std::to_string(opt.job_label) +
+                  " still holds it at the aggregator (some of its workers have neither restarted nor left). It is "
+                  "replaced as soon as every worker of that run has restarted, freed when they all LEAVE, or after "
+                  "the aggregator's --job-idle-timeout (default 600 s) of silence; or use another job label");
+        const uint64_t t0 = mono_us();
+        while (mono_us() - t0 < 50'000) {
+          progress();
+          ch->wait_us(5'000);
+        }
         continue;
       }
       if (r.type != proto::MsgType::kJoinAck) die(Status::kTransport, where() + ": unexpected reply to JOIN");
