@@ -1341,7 +1341,8 @@ TEST(Attack, ReplayedJoinAckOfAnEarlierRunDoesNotStopAWorker) {
     ++injected;
   };
   run_job(agg, spec, &run, h);
-  EXPECT_EQ(injected.load(), spec.world);
+  // At least once per worker (more if a slow machine made a worker resend its JOIN).
+  EXPECT_GE(injected.load(), spec.world);
   expect_exact(spec, run);
 }
 
@@ -2037,7 +2038,7 @@ TEST(Attack, ARestartedWorkerOfARunningJobIsToldWhatItWaitsFor) {
   *dead = true;
   crashed.reset();
   UdpClientOptions o = restart_opts(agg, label, 2, 1);
-  o.max_wait_ms = 1000;
+  o.max_wait_ms = 2000;
   try {
     UdpReducer again(o);
     FAIL() << "a restarted worker joined a job whose run is under way";

@@ -716,6 +716,13 @@ struct UdpReducer::Impl {
   void join(bool rejoin, bool register_only = false) {
     const uint64_t start = mono_us();
     uint8_t cookie[proto::kCookieBytes] = {};
+    bool busy = false;  // the aggregator answered "job busy": what the wait is for, if it runs out
+    auto busy_msg = [&] {
+      return where() + ": the job is busy: an earlier run of job label " + std::to_string(opt.job_label) +
+             " still holds it at the aggregator (some of its workers have neither restarted nor left). It is "
+             "replaced as soon as every worker of that run has restarted, freed when they all LEAVE, or after "
+             "the aggregator's --job-idle-timeout (default 600 s) of silence; or use another job label";
+    };
     for (;;) {
       proto::JoinBody b;
       std::memcpy(b.cookie, cookie, sizeof cookie);
@@ -728,7 +735,8 @@ struct UdpReducer::Impl {
       std::vector<uint8_t> body(proto::kJoinFixedBytes + proto::kTableHeaderBytes);
       body.resize(proto::write_join(b, body.data(), body.size()));
       const double left = opt.max_wait_ms - static_cast<double>(mono_us() - start) / 1000.0;
-      if (left <= 0) die(Status::kTimeout, where() + ": timeout: could not (re)join the job within max_wait_ms");
+      if (left <= 0)
+        die(Status::kTimeout, busy ? busy_msg() : where() + ": timeout: could not (re)join the job within max_wait_ms");
       const proto::Header r = control(proto::MsgType::kJoin, body, jkey, left);
       if (r.type == proto::MsgType::kChallenge) {
         std::memcpy(cookie, ctl_payload.data(), sizeof cookie);
@@ -738,12 +746,8 @@ struct UdpReducer::Impl {
         // Job busy: this worker restarted while the job's earlier run holds the job instance. It is
         // replaced once every worker of that run has come back (a run restarted after a crash starts
         // one worker at a time), so ask again shortly, within max_wait_ms.
-        if (static_cast<double>(mono_us() - start) / 1000.0 + 50 >= opt.max_wait_ms)
-          die(Status::kTransport,
-              where() + ": the job is busy: an earlier run of job label " + std::to_string(opt.job_label) +
-                  " still holds it at the aggregator (some of its workers have neither restarted nor left). It is "
-                  "replaced as soon as every worker of that run has restarted, freed when they all LEAVE, or after "
-                  "the aggregator's --job-idle-timeout (default 600 s) of silence; or use another job label");
+        busy = true;
+        if (static_cast<double>(mono_us() - start) / 1000.0 + 50 >= opt.max_wait_ms) die(Status::kTimeout, busy_msg());
         const uint64_t t0 = mono_us();
         while (mono_us() - t0 < 50'000) {
           progress();
