@@ -1289,7 +1289,7 @@ TEST(Attack, ReplayedErrorFromAnEarlierAttemptDoesNotStopAWorker) {
     }
   }
   const auto errors = old.select(false, {MsgType::kError}, 1);
-  ASSERT_EQ(errors.size(), 1u);
+  ASSERT_GE(errors.size(), 1u);  // more if the worker resent its JOIN: each copy draws the refusal
 
   JobSpec spec;
   spec.world = 2;
@@ -1322,7 +1322,7 @@ TEST(Attack, ReplayedJoinAckOfAnEarlierRunDoesNotStopAWorker) {
   std::vector<Bytes> acks(spec.world);
   for (int r = 0; r < spec.world; ++r) {
     const auto a = first.cap.select(false, {MsgType::kJoinAck}, r);
-    ASSERT_EQ(a.size(), 1u);
+    ASSERT_GE(a.size(), 1u);  // more if a slow worker resent its JOIN (each copy is answered)
     acks[r] = a[0].b;
   }
 
