@@ -128,6 +128,10 @@ struct UdpReducer::Impl {
   uint64_t round_start = 0;
   double cwnd_before_loss = 0;
   uint64_t loss_time = 0;
+  // Sleeps since the last result or timeout, by what held sending back (cwnd, slots, other): a
+  // timeout books them as waiting on the RTO, a result or the end of a wait under their cause.
+  uint64_t pend_sleep[3] = {0, 0, 0};
+  double cwnd_sum = 0;
 
   TableEntry tables[proto::kTableIds];
   uint64_t table_clock = 0;
@@ -348,6 +352,7 @@ struct UdpReducer::Impl {
       slow_start = false;
       cwnd *= std::max(0.5, 1.0 - 0.8 * (standing - target) / standing);
       last_cut = now;
+      st.delay_cuts++;
     }
     clamp_cwnd();
   }
@@ -358,6 +363,7 @@ struct UdpReducer::Impl {
       loss_time = now;
       cwnd *= 0.5;
       last_cut = now;
+      st.loss_cuts++;
       clamp_cwnd();
     }
   }
@@ -436,6 +442,9 @@ struct UdpReducer::Impl {
     else on_late_original(now, k.last_send);
     k.done = true;
     op.done++;
+    book_sleeps(false);
+    cwnd_sum += cwnd;
+    st.cwnd_min = st.results == 1 ? cwnd : std::min(st.cwnd_min, cwnd);
     fast_loss_detection(h.seq, k.first_send, now);
     while (base < sent_end && ring[base % S].done) ++base;
     while (!ops.empty() && ops.front()->complete() && ops.front()->first_seq + ops.front()->npkts <= base) ops.pop_front();
@@ -609,6 +618,8 @@ struct UdpReducer::Impl {
         why += last_error();
         die(Status::kTimeout, why);
       }
+      book_sleeps(true);
+      st.timeouts++;
       resend(k, now);
       lost = true;
       next = std::min(next, k.deadline);
@@ -638,14 +649,36 @@ struct UdpReducer::Impl {
   // Block until pred() or a fatal error.
   template <typename Pred>
   void wait_until(Pred pred) {
+    const uint64_t t0 = mono_us();
     for (;;) {
       progress();
-      if (pred()) return;
+      if (pred()) break;
       const uint64_t now = mono_us();
       const uint64_t due = std::min(next_due(now), now + 20'000);
       if (ch->pending()) continue;
-      ch->wait_us(due <= now ? 0 : due - now);
+      sleep_until(now, due);
     }
+    book_sleeps(false);
+    st.wait_us += mono_us() - t0;
+  }
+  // Sleeps until due or a datagram arrives, noting what held sending back meanwhile.
+  void sleep_until(uint64_t now, uint64_t due) {
+    int why = 2;
+    if (sent_end < next_seq) {
+      if (sent_end >= base + S) why = 1;
+      else if (sent_end >= base + static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)))) why = 0;
+    }
+    ch->wait_us(due <= now ? 0 : due - now);
+    pend_sleep[why] += mono_us() - now;
+  }
+  void book_sleeps(bool timeout) {
+    if (timeout) {
+      st.rto_wait_us += pend_sleep[0] + pend_sleep[1] + pend_sleep[2];
+    } else {
+      st.cwnd_wait_us += pend_sleep[0];
+      st.slots_wait_us += pend_sleep[1];
+    }
+    pend_sleep[0] = pend_sleep[1] = pend_sleep[2] = 0;
   }
 
   // ---- control round trips ------------------------------------------------------------------
@@ -698,7 +731,10 @@ struct UdpReducer::Impl {
       }
       now = mono_us();
       const uint64_t due = std::min(next, next_due(now));
-      if (!ch->pending()) ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
+      if (!ch->pending()) {
+        ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
+        st.wait_us += mono_us() - now;
+      }
     }
   }
 
@@ -978,22 +1014,26 @@ UdpClientStats UdpReducer::stats() const {
   s.min_rtt_us = impl_->min_rtt;
   s.srtt_us = impl_->srtt;
   s.cwnd = impl_->cwnd;
+  s.cwnd_mean = s.results ? impl_->cwnd_sum / static_cast<double>(s.results) : 0;
   s.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, impl_->L, impl_->budget);
   return s;
 }
 
 std::string UdpReducer::wire_stats() const {
   const UdpClientStats s = stats();
-  char buf[256];
+  char buf[640];
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::snprintf(buf, sizeof buf,
-                "packets=%llu retransmissions=%llu (%.2f%%, %llu fast) lanes=%d cwnd=%.0f srtt=%.0fus min_rtt=%.0fus "
+                "packets=%llu retransmissions=%llu (%.2f%%) fast=%llu timeouts=%llu lanes=%d cwnd=%.0f "
+                "cwnd_mean=%.1f cwnd_min=%.1f loss_cuts=%llu delay_cuts=%llu srtt=%.0fus min_rtt=%.0fus "
+                "wait_ms=%.1f rto_wait_ms=%.1f cwnd_wait_ms=%.1f slots_wait_ms=%.1f results=%llu dup_results=%llu "
                 "spurious=%llu not_counted=%llu left_behind=%llu",
-                static_cast<unsigned long long>(s.data_packets), static_cast<unsigned long long>(s.retransmissions),
+                u(s.data_packets), u(s.retransmissions),
                 s.data_packets ? 100.0 * static_cast<double>(s.retransmissions) / static_cast<double>(s.data_packets) : 0.0,
-                static_cast<unsigned long long>(s.fast_retransmits),
-                s.lanes, s.cwnd, s.srtt_us, s.min_rtt_us, static_cast<unsigned long long>(s.spurious),
-                static_cast<unsigned long long>(s.not_counted),
-                static_cast<unsigned long long>(s.left_behind));
+                u(s.fast_retransmits), u(s.timeouts), s.lanes, s.cwnd, s.cwnd_mean, s.cwnd_min, u(s.loss_cuts),
+                u(s.delay_cuts), s.srtt_us, s.min_rtt_us, s.wait_us / 1e3, s.rto_wait_us / 1e3, s.cwnd_wait_us / 1e3,
+                s.slots_wait_us / 1e3, u(s.results), u(s.duplicate_results), u(s.spurious), u(s.not_counted),
+                u(s.left_behind));
   return buf;
 }
 

@@ -77,6 +77,7 @@ struct UdpClientStats {
   uint64_t data_packets = 0;       // first transmissions of data packets
   uint64_t retransmissions = 0;
   uint64_t fast_retransmits = 0;   // of which found by later results (not by a timeout)
+  uint64_t timeouts = 0;           // of which sent because a retransmission timer expired
   uint64_t spurious = 0;           // timeouts found spurious (window cut undone)
   uint64_t results = 0;
   uint64_t duplicate_results = 0;  // results for packets already done (dups, late resends)
@@ -87,6 +88,13 @@ struct UdpClientStats {
   uint64_t rejoins = 0;
   uint64_t bytes_sent = 0;         // datagram bytes (protocol header included)
   uint64_t bytes_received = 0;
+  // Where the time goes (microseconds): blocked waiting for the aggregator (wait() and control
+  // round trips), of which with no result arriving before a retransmission timer fired (waiting
+  // on the RTO), and sleeping with packets queued that the window (cwnd) or the job's slots
+  // (a hole at the window's base) held back.
+  uint64_t wait_us = 0, rto_wait_us = 0, cwnd_wait_us = 0, slots_wait_us = 0;
+  uint64_t loss_cuts = 0, delay_cuts = 0;  // multiplicative window decreases by cause
+  double cwnd_min = 0, cwnd_mean = 0;      // over results (mean: sampled at every result)
   double min_rtt_us = 0, srtt_us = 0, cwnd = 0;
   int lanes = 0;                   // lanes of the widest-lane encoding of the job (u8 sums)
 };
