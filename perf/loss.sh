@@ -105,7 +105,7 @@ TOOL=""
 if [[ -n "$BIN_DIR" ]]; then
   TOOL="$BIN_DIR/thc_allreduce_perf"
 else
-  for cand in "$ROOT"/build*/perf/allreduce_perf/thc_allreduce_perf; do
+  for cand in "$ROOT"/build/perf/allreduce_perf/thc_allreduce_perf "$ROOT"/build*/perf/allreduce_perf/thc_allreduce_perf; do
     [[ -x "$cand" ]] && { TOOL="$cand"; break; }
   done
   [[ -z "$TOOL" ]] && TOOL=$(command -v thc_allreduce_perf || true)

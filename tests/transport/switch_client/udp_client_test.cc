@@ -251,8 +251,9 @@ class DropChannel final : public DatagramChannel {
 };
 
 // One long op (400 packets of 64 lanes) over `world` threads, each with its own DropChannel;
-// retransmission timers of 5 s, so that a loss recovered without one shows as no timeout (the
-// test would take seconds, not fail, if a timer did it). Returns each rank's statistics.
+// retransmission timers of 5 s, so that a loss recovered by a timer shows as a timeout (and the
+// test takes seconds). A window of 32 in 256 slots: the packets behind a hole keep going while it
+// is repaired. Returns each rank's statistics.
 std::vector<thc::transport::UdpClientStats> run_targeted(const AggregatorProcess& agg, uint32_t job, int world,
                                                          const std::function<DropChannel::Pick(int)>& pick,
                                                          std::vector<int>* dropped) {
@@ -262,6 +263,7 @@ std::vector<thc::transport::UdpClientStats> run_targeted(const AggregatorProcess
   const auto err = run_threads(world, [&](int r) {
     UdpClientOptions o = opts(agg, r, world, job);
     o.slots = 256;
+    o.window_max = 32;
     o.max_lanes = 64;
     o.rto_initial_ms = o.rto_min_ms = o.rto_max_ms = 5000;
     auto ch = std::make_unique<DropChannel>(agg.url(), pick(r));
@@ -295,10 +297,9 @@ TEST(UdpClientRecovery, LostRetransmissionIsFoundByLaterResultsNotByTheTimer) {
     return [r](const Header& h, bool up) { return r == 0 && up && is_data(h) && h.seq == 100 && h.attempt < 2; };
   }, &dropped);
   EXPECT_EQ(dropped[0], 2);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(st[r].timeouts, 0u) << "rank " << r;
-    EXPECT_GE(st[r].fast_retransmits, 2u) << "rank " << r << ": the hole and the lost resend, found by later results";
-  }
+  EXPECT_GE(st[0].fast_retransmits, 2u) << "the hole and the lost resend, found by later results";
+  EXPECT_GE(st[1].fast_retransmits, 1u) << "rank 1 sees the hole too (it cannot tell whose copy is missing)";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(st[r].timeouts, 0u) << "rank " << r;
 }
 
 TEST(UdpClientRecovery, LostResultIsFoundByLaterResultsAndAnsweredFromTheFinishedSlot) {
@@ -322,29 +323,36 @@ TEST(UdpClientRecovery, LostResultIsFoundByLaterResultsAndAnsweredFromTheFinishe
 }
 
 TEST(UdpClientRecovery, RandomLossIsNotTakenForCongestion) {
-  // 2 % seeded loss each way at every worker: the holes are isolated, the round trips show no
-  // queue, so the window is not cut; heavy loss (30 % each way) is, and cuts it.
+  // 2 % seeded loss each way at 4 workers: the holes are isolated, so the window is not cut.
+  // 30 % each way at 2 workers is more than random loss (loss_tolerance 10 % per path crossing),
+  // and cuts it.
   AggregatorProcess agg;
-  for (const double drop : {0.02, 0.3}) {
-    std::vector<uint64_t> cuts(kWorld), fast(kWorld);
-    const auto err = run_threads(kWorld, [&](int r) {
-      UdpClientOptions o = opts(agg, r, kWorld, drop < 0.1 ? 210 : 211);
+  struct Case {
+    double drop;
+    int world;
+    uint64_t packets;
+  };
+  for (const Case c : {Case{0.02, kWorld, 2000}, Case{0.3, 2, 600}}) {
+    std::vector<uint64_t> cuts(c.world), fast(c.world);
+    const auto err = run_threads(c.world, [&](int r) {
+      UdpClientOptions o = opts(agg, r, c.world, c.drop < 0.1 ? 210 : 211);
       o.slots = 256;
       o.max_lanes = 64;
-      o.fault.drop = drop;
+      o.fault.drop = c.drop;
       o.fault.seed = 4242 + static_cast<uint64_t>(r);
       UdpReducer red(o);
-      const uint64_t n = 64 * (drop < 0.1 ? 2000 : 300);
+      const uint64_t n = 64 * c.packets;
       std::vector<uint8_t> v(n, static_cast<uint8_t>(r + 1));
       red.start_sum(v.data(), n, IntType::kU8)->wait();
-      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(v[i], 10) << "rank " << r << " element " << i;
+      const uint8_t want = static_cast<uint8_t>(c.world * (c.world + 1) / 2);
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(v[i], want) << "rank " << r << " element " << i;
       cuts[r] = red.stats().loss_cuts;
       fast[r] = red.stats().fast_retransmits;
     });
-    for (int r = 0; r < kWorld; ++r) {
+    for (int r = 0; r < c.world; ++r) {
       ASSERT_EQ(err[r], "") << "rank " << r;
-      EXPECT_GT(fast[r], 0u) << "drop " << drop << " rank " << r;
-      if (drop < 0.1) EXPECT_EQ(cuts[r], 0u) << "rank " << r << ": isolated losses cut the window";
+      EXPECT_GT(fast[r], 0u) << "drop " << c.drop << " rank " << r;
+      if (c.drop < 0.1) EXPECT_EQ(cuts[r], 0u) << "rank " << r << ": isolated losses cut the window";
       else EXPECT_GT(cuts[r], 0u) << "rank " << r << ": heavy loss must still cut the window";
     }
   }
