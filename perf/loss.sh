@@ -33,7 +33,9 @@
 # Columns (client figures are means over ranks, per call: warm-up, timed and check calls all count):
 #   time/call        the tool's time column (slowest rank, mean over -n calls): median of the reps
 #                    [min..max]
-#   ratio            median time / median lossless time
+#   ratio            median time / median lossless time; [min..max] of the ratios of each rep to
+#                    the lossless run of the same rep (run just before it: on a shared machine the
+#                    load drifts less between them)
 #   retx             retransmitted data packets / data packets (all ranks)
 #   fast / timeout   retransmissions found by later results / by an expired timer (per rank and call)
 #   wait             time a rank spent blocked on the aggregator per call, split into
@@ -259,6 +261,9 @@ for d in drops:
     agg = [r["agg"].get("result_resends", 0) / calls for r in runs[d] if r["agg"]]
     nm = sorted({r["nmse"] for r in runs[d] if r["nmse"]})
     ratio = "-" if med is None or not ref else f"{med / ref:.2f}x"
+    paired = [r["time"] / z["time"] for r, z in zip(runs[d], runs[drops[0]]) if r["time"] and z["time"]]
+    if paired and d != drops[0]:
+        ratio += f" [{min(paired):.2f}..{max(paired):.2f}]"
     spread = "FAILED" if med is None else f"{med:.1f} [{lo:.1f}..{hi:.1f}]"
     print(f"| {float(d) * 100:g} % | {spread} | {ratio} | {fmt(100 * rt / pk if pk else None, 2)} | "
           f"{fmt(per_call('fast'))} | {fmt(per_call('timeouts'))} | {fmt(wait)} | {fmt(rto)} | {fmt(cw)} | {fmt(sl)} | "

@@ -139,12 +139,9 @@ struct UdpReducer::Impl {
   uint64_t rack_xn_resend = 0;  // the newest resend answered: evidence against older resends only
   uint64_t rack_rtt = 0;
   uint64_t rack_deadline = kNever;  // reordering timer: a candidate's answer is overdue then
-  double reo_mult = 1;              // reordering window in quarters of min_rtt (grows on spurious resends)
-  uint64_t reo_last_raise = 0;
-  int reo_quiet = 0;                // loss periods without a spurious resend (reset reo_mult at 16)
   // Loss rate per measurement period (at least a round trip and kLossSample outcomes).
   uint64_t lp_start = 0, lp_delivered = 0, lp_lost = 0;
-  bool lp_spurious = false;
+  double lp_rate = 0;   // moving average of the periods' loss fractions
   // Sleeps since the last result or timeout, by what held sending back (cwnd, slots, other): a
   // timeout books them as waiting on the RTO, a result or the end of a wait under their cause.
   uint64_t pend_sleep[3] = {0, 0, 0};
@@ -383,8 +380,11 @@ struct UdpReducer::Impl {
   void loss_period(uint64_t now) {
     const uint64_t n = lp_delivered + lp_lost;
     if (n < kLossSample || static_cast<double>(now - lp_start) < std::max(srtt, 200.0)) return;
+    // Holes come in bursts (a stall ends, a batch of answers reveals them at once), so a period
+    // of 64 says little alone: the rate is averaged over about four.
     const double f = static_cast<double>(lp_lost) / static_cast<double>(n);
-    const double per_crossing = 1.0 - std::pow(1.0 - f, 1.0 / (opt.world + 1));
+    lp_rate = 0.75 * lp_rate + 0.25 * f;
+    const double per_crossing = 1.0 - std::pow(1.0 - lp_rate, 1.0 / (opt.world + 1));
     if (per_crossing > opt.loss_tolerance) {
       slow_start = false;
       cwnd_before_loss = cwnd;
@@ -394,22 +394,13 @@ struct UdpReducer::Impl {
       st.loss_cuts++;
       clamp_cwnd();
     }
-    if (lp_lost > 0) {
-      // The reordering window returns to its start after 16 periods with losses and no
-      // spurious resend (RFC 8985 6.2).
-      reo_quiet = lp_spurious ? 0 : reo_quiet + 1;
-      if (reo_quiet >= 16) {
-        reo_mult = 1;
-        reo_quiet = 0;
-      }
-    }
     lp_start = now;
     lp_delivered = lp_lost = 0;
-    lp_spurious = false;
   }
-  // The timer expired twice in a row, nothing answered for three timeouts: nothing gets through
-  // (a blackout, or a queue that overflowed hard). Start over from the smallest window (QUIC's
-  // persistent congestion).
+  // The timer expired three times in a row, nothing answered for seven timeouts: nothing gets
+  // through (a blackout, or a queue that overflowed hard). Start over from the smallest window
+  // (QUIC's persistent congestion). Not sooner: a worker or the aggregator waiting for a core
+  // (several ms on a shared host) stalls every answer without any congestion.
   void on_persistent_loss(uint64_t now) {
     if (have_rtt && static_cast<double>(now - last_cut) < srtt) return;
     cwnd_before_loss = cwnd;
@@ -444,7 +435,10 @@ struct UdpReducer::Impl {
     return static_cast<uint64_t>(std::clamp(r, opt.rto_min_ms * 1000.0, opt.rto_max_ms * 1000.0));
   }
   uint64_t reo_wnd() const {
-    return static_cast<uint64_t>(std::min(reo_mult * min_rtt / 4, std::max(srtt, 1.0)));
+    // RFC 8985 grows it when a resend turns out spurious (a DSACK); here a second answer to one
+    // packet mostly means that the missing worker's repair raced this worker's resend, which a
+    // wider window would not avoid (both resend at the same moment), so it stays min_rtt/4.
+    return static_cast<uint64_t>(std::min(min_rtt / 4, std::max(srtt, 1.0)));
   }
   void reset_flight() {
     inflight = 0;
@@ -485,16 +479,6 @@ struct UdpReducer::Impl {
     Pkt& k = ring[h.seq % S];
     if (k.done || k.seq != h.seq) {
       st.duplicate_results++;
-      // A second answer to a packet sent again: that resend was not needed (the first answer
-      // was only late), so the reordering window grows, once per round trip (as with a DSACK).
-      if (k.done && k.seq == h.seq && k.sends > 1 && h.op == k.op->id) {
-        const uint64_t now = mono_us();
-        lp_spurious = true;
-        if (static_cast<double>(now - reo_last_raise) >= srtt) {
-          reo_mult = std::min(reo_mult + 1, 64.0);
-          reo_last_raise = now;
-        }
-      }
       return;
     }
     Op& op = *k.op;
@@ -753,7 +737,7 @@ struct UdpReducer::Impl {
         resend(*p, now);
         st.timeouts++;
       }
-    if (++backoff >= 2) on_persistent_loss(now);
+    if (++backoff >= 3) on_persistent_loss(now);
     timer_ref = now;
   }
 

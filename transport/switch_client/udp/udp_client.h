@@ -18,16 +18,18 @@
 // exceeds the minimum by more than a target queueing delay (a delay ceiling: a bounded standing
 // queue keeps the bottleneck busy without filling its buffer); sends are paced at 1.25x (2x in
 // slow start) window/RTT. Random loss is not congestion: a lost datagram is resent, but the
-// window is cut (by 30 %) only when a period's loss rate per path crossing exceeds
-// loss_tolerance, and reset to window_min when one packet's timer expires twice in a row. Loss
-// detection is RACK (RFC 8985): results come back in the order the packets were sent, so a
-// packet (first copy or resend) without a result once something sent after it is answered was
-// lost, or its result was; it is resent after a reordering window of min_rtt/4 (grown by
-// spurious resends), about one round trip after the loss. A hole does not stop the packets
+// window is cut (by 30 %) only when the loss rate of first transmissions (averaged over periods of
+// a round trip and 64 packets) per path crossing exceeds loss_tolerance, and reset to window_min
+// when nothing is answered for three timer expiries. Loss detection is RACK (RFC 8985): results
+// come back in the order the packets were sent, so a packet (first copy or resend) without a
+// result once a first copy sent after it is answered was lost, or its result was; it is resent
+// after a reordering window of min_rtt/4, about one round trip after the loss (a resend at most
+// once per smoothed round trip). A hole does not stop the packets
 // behind it; the window never exceeds the job's slots (the aggregator's memory for the job,
 // what SwitchML sizes its pool by), so a hole that lasts a whole window holds it. The timer
-// (RFC 6298 from samples of packets sent once, Karn; srtt + max(4 rttvar, rto_min), doubled
-// from a packet's second consecutive expiry on) is the backstop for the tail of an operation.
+// (one per instance, restarted by every result; RFC 6298 from samples of packets sent once,
+// Karn; srtt + max(4 rttvar, rto_min), doubled per expiry without an answer) is the backstop for
+// the tail of an operation: it resends the two oldest packets without a result.
 //
 // Nonblocking rules: start_* only queues the operation and sends what the window allows;
 // Request::test() polls once (never blocks); wait() blocks until the request completes, the
@@ -100,7 +102,7 @@ struct UdpClientStats {
   // (a hole at the window's base) held back.
   uint64_t wait_us = 0, rto_wait_us = 0, cwnd_wait_us = 0, slots_wait_us = 0;
   uint64_t loss_cuts = 0, delay_cuts = 0;  // multiplicative window decreases by cause
-  uint64_t collapses = 0;          // window reset to window_min: nothing answered for 3 timeouts
+  uint64_t collapses = 0;          // window reset to window_min: nothing answered for 3 expiries
   double cwnd_min = 0, cwnd_mean = 0;      // over results (mean: sampled at every result)
   double min_rtt_us = 0, srtt_us = 0, cwnd = 0;
   int lanes = 0;                   // lanes of the widest-lane encoding of the job (u8 sums)
