@@ -373,9 +373,10 @@ struct UdpReducer::Impl {
   // own downlink, so 1 % loss per datagram leaves ~5 % of a 4-worker job's slots with a hole,
   // and halving the window for each (TCP Reno's rule) would hold it near sqrt(1.5/0.05) ~ 5
   // packets. Congestion shows as queueing delay (the ceiling in on_rtt) long before a buffer
-  // overflows; loss counts only as a rate: when a period's losses, taken as independent losses
-  // on the n + 1 path crossings a slot's result depends on, exceed loss_tolerance per crossing
-  // (a policer, a shallow buffer, a failing link), the window shrinks by 30 %.
+  // overflows; loss counts only as a rate: when the share of first transmissions found lost,
+  // taken as independent losses on the n + 1 path crossings a slot's result depends on, exceeds
+  // loss_tolerance per crossing (a policer, a shallow buffer, a failing link), the window
+  // shrinks by 30 %, at most once per period.
   static constexpr uint64_t kLossSample = 64;
   void loss_period(uint64_t now) {
     const uint64_t n = lp_delivered + lp_lost;
@@ -529,12 +530,12 @@ struct UdpReducer::Impl {
 
   // Results come back in the order the packets were sent: a slot completes when the last of its
   // workers' packets arrives, and every worker sends in seq order over one path. So a packet
-  // still without a result once a packet sent after it (first copy or resend) is answered was
-  // lost, or its result was: resend it as soon as its answer is overdue by the reordering window
-  // (RACK, RFC 8985; min_rtt/4 at first). This finds holes anywhere in the window, lost resends
-  // and lost results of finished slots (the aggregator answers the new attempt from the slot)
-  // about one round trip after the loss, with no timer; the timer stays the backstop for the
-  // tail of an operation, where nothing sent later can tell.
+  // (first copy or resend) still without a result once a first copy sent after it is answered
+  // was lost, or its result was: resend it as soon as its answer is overdue by the reordering
+  // window (RACK, RFC 8985). This finds holes anywhere in the window, lost resends and lost
+  // results of finished slots (the aggregator answers the new attempt from the slot) about one
+  // round trip after the loss, with no timer; the timer stays the backstop for the tail of an
+  // operation, where nothing sent later can tell.
   //
   // A resend is declared lost again only a smoothed round trip after it went out at the soonest:
   // a worker whose own copy arrived cannot tell its resend from the missing worker's, and must
