@@ -358,6 +358,33 @@ TEST(UdpClientRecovery, RandomLossIsNotTakenForCongestion) {
   }
 }
 
+TEST(UdpClientRecovery, AStallIsNotABlackout) {
+  // Rank 1 starts its op 400 ms late: rank 0's packets go unanswered, its timer expires three
+  // times in a row and it resets the window (persistent congestion). Then the packets it sent
+  // before and never resent are answered: their first copies went through, it was a stall, and
+  // the reset is undone.
+  AggregatorProcess agg;
+  constexpr uint64_t n = 256 * 20;  // 20 packets, all in flight at once
+  std::vector<thc::transport::UdpClientStats> st(2);
+  Barrier sync(2);
+  const auto err = run_threads(2, [&](int r) {
+    UdpClientOptions o = opts(agg, r, 2, 220);
+    o.slots = 64;
+    UdpReducer red(o);
+    sync.arrive_and_wait();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    std::vector<uint8_t> v(n, static_cast<uint8_t>(r + 1));
+    red.start_sum(v.data(), n, IntType::kU8)->wait();
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(v[i], 3) << "rank " << r << " element " << i;
+    st[r] = red.stats();
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  EXPECT_GE(st[0].timeouts, 6u) << "three expiries of two probes";
+  EXPECT_GE(st[0].collapses, 1u);
+  EXPECT_GE(st[0].spurious, 1u) << "the reset is undone";
+  EXPECT_GE(st[0].cwnd, 32.0) << "the window is back where it was";
+}
+
 // Separate processes via posix_spawn (fork+exec), faults from the THC_FAULT_* environment.
 void run_processes(const AggregatorProcess& agg, uint32_t job, const std::vector<std::string>& env,
                    std::vector<std::vector<uint8_t>>* out) {

@@ -130,6 +130,8 @@ struct UdpReducer::Impl {
   uint64_t round_start = 0;
   double cwnd_before_loss = 0;
   uint64_t loss_time = 0;
+  uint64_t collapse_time = 0;  // the window was reset then, and no answer has come since
+  bool slow_start_before = false;
   // Loss detection (RACK, RFC 8985): first transmissions (xq) and resends (rq) in send order,
   // (xn, seq), oldest first (entries of packets answered or sent again since are skipped when
   // they come to the front); the newest transmission answered, and how long its answer took.
@@ -400,17 +402,33 @@ struct UdpReducer::Impl {
   }
   // The timer expired three times in a row, nothing answered for seven timeouts: nothing gets
   // through (a blackout, or a queue that overflowed hard). Start over from the smallest window
-  // (QUIC's persistent congestion). Not sooner: a worker or the aggregator waiting for a core
-  // (several ms on a shared host) stalls every answer without any congestion.
+  // (QUIC's persistent congestion). A worker or the aggregator waiting for a core (several ms
+  // on a shared host) stalls every answer just the same; that shows when a packet sent before
+  // the reset and never resent is answered (its first copy went through) before anything sent
+  // after it, and the reset is undone (F-RTO, RFC 5682; the probes themselves, the oldest
+  // packets, are answered first either way).
   void on_persistent_loss(uint64_t now) {
-    if (have_rtt && static_cast<double>(now - last_cut) < srtt) return;
+    if (collapse_time) return;  // once per silence
     cwnd_before_loss = cwnd;
-    loss_time = now;
+    slow_start_before = slow_start;
+    loss_time = collapse_time = now;
     cwnd = opt.window_min;
     slow_start = true;
     last_cut = now;
     st.collapses++;
     clamp_cwnd();
+  }
+  void after_collapse(const Pkt& k) {
+    if (k.first_send >= collapse_time) {
+      collapse_time = 0;  // new packets are answered: the reset stands
+    } else if (k.sends == 1) {
+      if (cwnd_before_loss > cwnd) {
+        cwnd = cwnd_before_loss;
+        slow_start = slow_start_before;
+        st.spurious++;
+      }
+      collapse_time = 0;
+    }
   }
   // A result for a retransmitted packet that comes back sooner than any round trip could after
   // the retransmission answers the original: the timeout was spurious (the answer was only late,
@@ -502,6 +520,7 @@ struct UdpReducer::Impl {
     if (h.flags & proto::kFlagNotCounted) st.not_counted++;
     st.results++;
     const uint64_t now = mono_us();
+    if (collapse_time) after_collapse(k);
     if (k.sends == 1) on_rtt(now - k.first_send, now);
     else on_late_original(now, k.last_send);
     // The newest transmission known answered. Only first copies count: a result does not say

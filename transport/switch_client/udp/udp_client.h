@@ -86,7 +86,7 @@ struct UdpClientStats {
   uint64_t retransmissions = 0;
   uint64_t fast_retransmits = 0;   // of which found by later results (not by a timeout)
   uint64_t timeouts = 0;           // of which sent because a retransmission timer expired
-  uint64_t spurious = 0;           // timeouts found spurious (window cut undone)
+  uint64_t spurious = 0;           // window cuts found spurious and undone (a stall, not a loss)
   uint64_t results = 0;
   uint64_t duplicate_results = 0;  // results for packets already done (dups, late resends)
   uint64_t not_counted = 0;        // results/acks telling this worker it was left out
