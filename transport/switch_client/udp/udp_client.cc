@@ -119,7 +119,6 @@ struct UdpReducer::Impl {
   bool slow_start = true;
   double srtt = 0, rttvar = 0, min_rtt = 0;
   bool have_rtt = false;
-  uint64_t last_cut = 0;
   double tokens = 0;       // pacing credit, bytes
   uint64_t token_time = 0;
   // The retransmission timer (one per instance, as TCP's): it expires rto (doubled per expiry
@@ -128,9 +127,8 @@ struct UdpReducer::Impl {
   int backoff = 0;
   double round_min = 1e18, standing = 0;  // smallest RTT sample of this / the last round trip
   uint64_t round_start = 0;
-  double cwnd_before_loss = 0;
-  uint64_t loss_time = 0;
   uint64_t collapse_time = 0;  // the window was reset then, and no answer has come since
+  double cwnd_before_collapse = 0;
   bool slow_start_before = false;
   // Loss detection (RACK, RFC 8985): first transmissions (xq) and resends (rq) in send order,
   // (xn, seq), oldest first (entries of packets answered or sent again since are skipped when
@@ -366,7 +364,6 @@ struct UdpReducer::Impl {
     } else if (round_over) {
       slow_start = false;
       cwnd *= std::max(0.5, 1.0 - 0.8 * (standing - target) / standing);
-      last_cut = now;
       st.delay_cuts++;
     }
     clamp_cwnd();
@@ -390,10 +387,7 @@ struct UdpReducer::Impl {
     const double per_crossing = 1.0 - std::pow(1.0 - lp_rate, 1.0 / (opt.world + 1));
     if (per_crossing > opt.loss_tolerance) {
       slow_start = false;
-      cwnd_before_loss = cwnd;
-      loss_time = now;
       cwnd *= 0.7;
-      last_cut = now;
       st.loss_cuts++;
       clamp_cwnd();
     }
@@ -409,12 +403,11 @@ struct UdpReducer::Impl {
   // packets, are answered first either way).
   void on_persistent_loss(uint64_t now) {
     if (collapse_time) return;  // once per silence
-    cwnd_before_loss = cwnd;
+    cwnd_before_collapse = cwnd;
     slow_start_before = slow_start;
-    loss_time = collapse_time = now;
+    collapse_time = now;
     cwnd = opt.window_min;
     slow_start = true;
-    last_cut = now;
     st.collapses++;
     clamp_cwnd();
   }
@@ -422,21 +415,12 @@ struct UdpReducer::Impl {
     if (k.first_send >= collapse_time) {
       collapse_time = 0;  // new packets are answered: the reset stands
     } else if (k.sends == 1) {
-      if (cwnd_before_loss > cwnd) {
-        cwnd = cwnd_before_loss;
+      if (cwnd_before_collapse > cwnd) {
+        cwnd = cwnd_before_collapse;
         slow_start = slow_start_before;
         st.spurious++;
       }
       collapse_time = 0;
-    }
-  }
-  // A result for a retransmitted packet that comes back sooner than any round trip could after
-  // the retransmission answers the original: the timeout was spurious (the answer was only late,
-  // e.g. a process waiting for a core), so the window cut it caused is undone (Eifel, RFC 3522).
-  void on_late_original(uint64_t now, uint64_t last_send) {
-    if (static_cast<double>(now - last_send) < min_rtt / 2 && cwnd_before_loss > cwnd && last_send >= loss_time) {
-      cwnd = cwnd_before_loss;
-      st.spurious++;
     }
   }
   double window_cap() const {
@@ -522,7 +506,6 @@ struct UdpReducer::Impl {
     const uint64_t now = mono_us();
     if (collapse_time) after_collapse(k);
     if (k.sends == 1) on_rtt(now - k.first_send, now);
-    else on_late_original(now, k.last_send);
     // The newest transmission known answered. Only first copies count: a result does not say
     // which copy of a resent packet it answers (after a stall, the original's answer comes late),
     // and a resend to a finished slot is answered at once while a first copy waits for every
