@@ -44,9 +44,15 @@ thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_com
  * An op for THC_Allreduce / CNAT_Allreduce / THC_Allreduce_x on float, double, half and bfloat16;
  * integer types are refused (MPI_ERR_OP). Handed to MPI_Allreduce itself it only sums. */
 MPI_Op THC_MPI_AVG(void);
-/* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). */
+/* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). MPI's
+ * own ops do not know them (MPI_ERR_OP): reduce them exactly with THC_MPI_SUM16. */
 MPI_Datatype THC_MPI_FLOAT16(void);
 MPI_Datatype THC_MPI_BFLOAT16(void);
+/* MPI_SUM for THC_MPI_FLOAT16 and THC_MPI_BFLOAT16 (also float and double): a commutative user op,
+ * each element added in float and rounded to the type, NaN and Inf propagating as in an IEEE sum.
+ * Valid after MPI_Init, created on first use. The PMPI interposer hands it to MPI for these types
+ * (the exact redo of a call with NaN/Inf, calls below THC_MIN_BYTES). */
+MPI_Op THC_MPI_SUM16(void);
 
 /* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER / MPI_ERR_OP / MPI_ERR_COUNT with
  * thc_last_error() set) without calling the communicator's error handler; the PMPI interposer
