@@ -106,7 +106,9 @@ typedef struct thc_config {
   int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
   int hier;              /* THC_HIER: hierarchical allreduce on MPI communicators: -1 auto, 0 off, 1 on */
   char hier_hosts[256];  /* THC_HIER_HOSTS: test aid: emulated hosts ("2,2": MPI_COMM_WORLD ranks 0-1 on
-                          * one host, 2-3 on another) instead of MPI_COMM_TYPE_SHARED; "" = the real split */
+                          * one host, 2-3 on another) instead of the real ones; "" = the real split */
+  long hier_arena_bytes; /* THC_HIER_ARENA_BYTES: shared memory per host for THC_HIER's intra-host stage
+                          * (larger calls stream through it in rounds) */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;
