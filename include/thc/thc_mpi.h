@@ -13,18 +13,22 @@
  * Ranks may mix host and device buffers in one call.
  *
  * Several ranks per host (THC_HIER, default auto): on a communicator that spans several hosts with
- * more than one rank on some host, calls reduce the floats inside each host over shared memory
- * (MPI_COMM_TYPE_SHARED), run the compressed allreduce across hosts sharded over the host's ranks,
- * and share the result inside the host; thc_comm_create_mpi decides collectively (README,
- * "Several ranks per host").
+ * more than one rank on some host (a host: the ranks that share a kernel and a PID namespace),
+ * calls reduce the floats inside each host over shared memory (an anonymous memfd of at most
+ * THC_HIER_ARENA_BYTES, nothing in /dev/shm), run the compressed allreduce across hosts sharded
+ * over the host's ranks, and share the result inside the host; thc_comm_create_mpi decides
+ * collectively, and runs flat where a host cannot have shared memory (README, "Several ranks per
+ * host").
  *
- * Waits: every MPI wait of thc (communicator creation included) gives up after THC_TIMEOUT_MS
- * (<= 0: no bound, as in MPI) with THC_ERR_TIMEOUT. MPI can neither cancel nor free a started
+ * Waits: every MPI wait of thc (communicator creation included) gives up with THC_ERR_TIMEOUT
+ * after THC_TIMEOUT_MS without progress (<= 0: no bound, as in MPI), and no step blocks in MPI, so
+ * a rank that comes after the others gave up fails too. MPI can neither cancel nor free a started
  * collective: the timed-out operation stays posted, the communicator refuses later calls
  * (THC_ERR_TRANSPORT) and never frees its duplicated MPI communicators (a reused context id
- * would receive the abandoned operation's messages), and if the missing rank joins it later MPI
- * may still write that call's buffers. End the job (MPI_Abort) after a timeout. A timeout in
- * thc_comm_create_mpi leaves a duplication posted on comm itself: comm is out of step too.
+ * would receive the abandoned operation's messages), and the buffers of the abandoned operation
+ * are kept for the life of the process (a late rank's data never land in memory handed back).
+ * End the job (MPI_Abort) after a timeout. A timeout in thc_comm_create_mpi leaves a duplication
+ * posted on comm itself: comm is out of step too.
  */
 #ifndef THC_THC_MPI_H_
 #define THC_THC_MPI_H_
