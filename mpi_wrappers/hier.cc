@@ -509,7 +509,6 @@ class HierComm final : public capi::Composite {
         reduce_slice(send, dtype, f, len, lrank_ * w, P);
       }
     } else {
-      ++streamed_;
       if (owner) {
         priv_.resize(len);
         P = priv_.data();
@@ -595,6 +594,7 @@ class HierComm final : public capi::Composite {
         }
       }
     }
+    if (!single) ++streamed_;
     account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
   }
 
@@ -958,8 +958,8 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
     say("flat: " + layout + ": " + h->why_flat());
     return nullptr;
   }
-  say("hierarchical: " + layout + ", " + std::to_string(lmin) +
-      " slices: float reduce-scatter over each host's shared memory, local rank i < " + std::to_string(lmin) +
+  say("hierarchical: " + layout + ", " + std::to_string(lmin) + (lmin == 1 ? " slice" : " slices") +
+      ": float reduce-scatter over each host's shared memory, local rank i < " + std::to_string(lmin) +
       " of every host runs the compressed allreduce of slice i across the " + std::to_string(hosts) +
       " hosts, allgather over shared memory" + (lmin < lmax ? "; ranks beyond the slices only contribute" : ""));
   return h;
