@@ -224,11 +224,12 @@ class MpiLink final : public Link {
     const int c = static_cast<int>(n);
     const size_t bytes = n * 4;
     std::vector<MPI_Request> reqs;
-    auto post = [&](int rc, const char* call) {
-      if (rc != MPI_SUCCESS) {
-        abandon();
-        fail(Status::kTransport, std::string("MPI backend: ") + call + " (MAX of a group) failed: " + mpi_error_text(rc));
-      }
+    // A failure to post leaves the operations posted before it live: their buffers stay parked.
+    auto post = [&](int rc, const char* call, std::vector<std::vector<uint8_t>*> bufs) {
+      if (rc == MPI_SUCCESS) return;
+      abandon();
+      for (auto* b : bufs) keep_forever(std::move(*b));
+      fail(Status::kTransport, std::string("MPI backend: ") + call + " (MAX of a group) failed: " + mpi_error_text(rc));
     };
     if (rank_ == 0) {
       std::vector<uint8_t> in(static_cast<size_t>(size_ - 1) * bytes);
@@ -236,7 +237,7 @@ class MpiLink final : public Link {
       for (int m = 1; m < size_; ++m)
         post(PMPI_Irecv(in.data() + static_cast<size_t>(m - 1) * bytes, c, MPI_UINT32_T, at(m), max_tag_, comm_,
                         &reqs[static_cast<size_t>(m - 1)]),
-             "MPI_Irecv");
+             "MPI_Irecv", {&in});
       wait_all(reqs, {&in}, "MAX of a group (gather)");
       for (int m = 1; m < size_; ++m) {
         const uint8_t* p = in.data() + static_cast<size_t>(m - 1) * bytes;
@@ -250,15 +251,15 @@ class MpiLink final : public Link {
       std::memcpy(out.data(), data, bytes);
       for (int m = 1; m < size_; ++m)
         post(PMPI_Isend(out.data(), c, MPI_UINT32_T, at(m), max_tag_, comm_, &reqs[static_cast<size_t>(m - 1)]),
-             "MPI_Isend");
+             "MPI_Isend", {&out});
       wait_all(reqs, {&out}, "MAX of a group (result)");
       return;
     }
     std::vector<uint8_t> out(bytes), in(bytes);
     std::memcpy(out.data(), data, bytes);
     reqs.resize(2, MPI_REQUEST_NULL);
-    post(PMPI_Isend(out.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[0]), "MPI_Isend");
-    post(PMPI_Irecv(in.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[1]), "MPI_Irecv");
+    post(PMPI_Isend(out.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[0]), "MPI_Isend", {&out, &in});
+    post(PMPI_Irecv(in.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[1]), "MPI_Irecv", {&out, &in});
     wait_all(reqs, {&out, &in}, "MAX of a group");
     std::memcpy(data, in.data(), bytes);
   }
