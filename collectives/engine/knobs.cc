@@ -29,7 +29,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_ALGO", kEnum, algo, "auto", "auto=0|int=1|ps=2", "integer allreduce of values, colocated parameter server of indices, or auto"),
       THC_KNOB("THC_BIDIR", kInt, bidir, "0", nullptr, "1: the colocated PS re-compresses Cnat/Dnat shard sums with Cnat before the allgather"),
       THC_KNOB("THC_SEED", kU64, seed, "0", nullptr, "randomness seed (0: rank 0 draws one)"),
-      THC_KNOB("THC_TIMEOUT_MS", kLong, timeout_ms, "120000", nullptr, "how long a wait goes without progress (no message of its operation arriving or leaving) before failing; <= 0: no bound"),
+      THC_KNOB("THC_TIMEOUT_MS", kLong, timeout_ms, "120000", nullptr, "how long a wait goes without progress before failing (MPI, in-process: no message of its operation arriving or leaving; aggregator: no answer to a datagram); <= 0: no bound on MPI and in-process communicators"),
       THC_KNOB("THC_MIN_BYTES", kLong, min_bytes, "65536", nullptr, "PMPI interposer: compress allreduces of at least this many bytes"),
       THC_KNOB("THC_MPI_ALLREDUCE", kEnum, mpi_allreduce, "off", "off=-1|thc=0|uhc=1|cnat=2|dnat=3", "PMPI interposer: scheme for float SUM allreduces"),
       THC_KNOB("THC_EF", kInt, ef, "1", nullptr, "PMPI interposer: error feedback keyed by (buffer, count, communicator)"),
