@@ -2,17 +2,24 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "collectives/engine/agreement.h"
@@ -27,8 +34,13 @@
 namespace thc::mpi {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using Naming = std::function<void(uint32_t*, size_t)>;
+
 // Every wait bounded by THC_TIMEOUT_MS (<= 0: none), and the communicator broken after a
 // failed or abandoned operation (the ranks are out of step then), as the MPI backend does.
+// Nothing here blocks in MPI: creation included, every MPI operation is nonblocking and waited
+// on within the bound (MPI has no nonblocking split, so no communicator is split either).
 struct Waits {
   long timeout_ms = 0;
   bool broken = false;
@@ -47,33 +59,37 @@ struct Waits {
     }
     fail(s, msg);
   }
-  void check(int rc, const char* what) {
+  void check(int rc, const char* what, std::initializer_list<std::vector<uint8_t>*> park = {}) {
     if (rc == MPI_SUCCESS) return;
+    for (auto* b : park) keep_forever(std::move(*b));
     fail_broken(Status::kTransport, std::string("hierarchical allreduce: ") + what + " failed: " +
                                         transport::mpi_error_text(rc));
   }
-  void wait(MPI_Request* req, const char* what) {
+  // Waits for req. On a timeout or an error the buffers in `park` (what MPI may still read or
+  // write for the abandoned operation) are kept for the life of the process.
+  void wait(MPI_Request* req, const char* what, std::initializer_list<std::vector<uint8_t>*> park = {}) {
     int rc = MPI_SUCCESS;
     switch (transport::mpi_wait_until(req, transport::mpi_deadline(timeout_ms), &rc)) {
       case transport::MpiWait::kDone: return;
-      case transport::MpiWait::kError: check(rc, what); return;
+      case transport::MpiWait::kError: check(rc, what, park); return;
       case transport::MpiWait::kTimeout: break;
     }
+    for (auto* b : park) keep_forever(std::move(*b));
     fail_broken(Status::kTimeout, std::string("hierarchical allreduce: ") + what + ": a peer did not take part within " +
                                       std::to_string(timeout_ms) + " ms (THC_TIMEOUT_MS)");
   }
   // Element-wise MAX over comm, in place.
   void max_u32(MPI_Comm comm, uint32_t* data, size_t n, const char* what) {
-    std::vector<uint32_t> buf(data, data + n);
+    std::vector<uint8_t> buf(n * 4);
+    std::memcpy(buf.data(), data, n * 4);
     MPI_Request req = MPI_REQUEST_NULL;
-    check(PMPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_UINT32_T, MPI_MAX, comm, &req), what);
-    try {
-      wait(&req, what);
-    } catch (const Error&) {
-      keep_forever(std::move(buf));
-      throw;
-    }
+    check(PMPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_UINT32_T, MPI_MAX, comm, &req), what, {&buf});
+    wait(&req, what, {&buf});
     std::memcpy(data, buf.data(), n * 4);
+  }
+  // The exchange that names every rank a failure concerns (agreement.h name_ranks).
+  Naming naming(MPI_Comm comm) {
+    return [this, comm](uint32_t* d, size_t n) { max_u32(comm, d, n, "naming the ranks (MPI_Iallreduce)"); };
   }
   MPI_Comm idup(MPI_Comm comm) {
     try {
@@ -84,10 +100,12 @@ struct Waits {
   }
 };
 
-// Agreement words: a status (MAX of the failures of ranks that failed before exchanging), a
-// bitmap of those ranks (mod 32), then each field as (v, ~v) in 2 + 2 words: under MAX the pair
-// stays complementary only if every rank has the same v.
-constexpr size_t kWordStatus = 0, kWordFailed = 1, kWordNonFinite = 2, kWordDevice = 3, kWordFields = 4;
+// Agreement words: a status (MAX of the failures of ranks that failed before exchanging), the
+// lowest and highest of those ranks, the lowest and highest rank with a flag of the exchange's
+// own (NaN/Inf in a call's input; no arena at creation), whether some rank has device buffers,
+// then each field as (v, ~v) in 2 + 2 words: under MAX the pair stays complementary only if
+// every rank has the same v.
+constexpr size_t kWordStatus = 0, kWordFailed = 1, kWordRanks = 3, kWordDevice = 5, kWordFields = 6;
 using engine::field_agrees;
 using engine::put_field;
 
@@ -96,15 +114,21 @@ struct Field {
   uint64_t value;
 };
 
-// Throws what the exchanged words say: a rank's failure before the exchange (the own error
-// for the rank that failed), then disagreeing fields, then non-finite input.
-void judge(const uint32_t* w, const std::vector<Field>& fields, int rank, const Error* own, const char* stage) {
+uint32_t status_word(const Error& e) {
+  return static_cast<uint32_t>(e.status() == Status::kSuccess ? Status::kInternal : e.status());
+}
+
+// Throws what the exchanged words say: a rank's failure before the exchange (the own error for
+// the rank that failed), then disagreeing fields, then (nonfinite) NaN/Inf input. Every rank
+// calls it alike: naming several ranks takes one more exchange, in which all take part.
+void judge(const uint32_t* w, const std::vector<Field>& fields, int rank, int size, const Error* own, bool flagged,
+           bool nonfinite, const char* stage, const Naming& naming) {
   if (w[kWordStatus] != 0) {
+    const std::string who = engine::name_ranks(&w[kWordFailed], size, rank, own ? status_word(*own) : 0,
+                                               w[kWordStatus], naming, engine::status_word);
     if (own) throw *own;
-    fail(static_cast<Status>(w[kWordStatus]),
-         "hierarchical allreduce: rank(s) " + engine::rank_bitmap(w[kWordFailed]) + " (bitmap of ranks mod 32) failed " + stage +
-             " (" + status_text(static_cast<Status>(w[kWordStatus])) +
-             "; their own error message says why); nothing was reduced");
+    fail(static_cast<Status>(w[kWordStatus]), "hierarchical allreduce: " + who + " failed " + stage +
+                                                  " (their own error messages say why); nothing was reduced");
   }
   std::string bad;
   for (size_t i = 0; i < fields.size(); ++i) {
@@ -112,18 +136,19 @@ void judge(const uint32_t* w, const std::vector<Field>& fields, int rank, const 
     bad += std::string(bad.empty() ? "" : ", ") + fields[i].what + " (this rank: " + std::to_string(fields[i].value) + ")";
   }
   if (!bad.empty()) fail(Status::kConfigMismatch, "hierarchical allreduce: ranks disagree on " + bad + "; nothing was reduced");
-  if (w[kWordNonFinite] != 0)
-    fail(Status::kNonFinite, "input contains NaN or Inf (ranks mod 32 bitmap " + engine::rank_bitmap(w[kWordNonFinite]) +
-                                 "); nothing was reduced");
-  (void)rank;
+  if (nonfinite && engine::any_rank(&w[kWordRanks]))
+    fail(Status::kNonFinite, "input contains NaN or Inf on " +
+                                 engine::name_ranks(&w[kWordRanks], size, rank, flagged ? 1u : 0u, 1u, naming,
+                                                    [](uint32_t) { return std::string(); }) +
+                                 "; nothing was reduced");
 }
 
-// Words for a status exchange of `fields` with this rank's failure (own, may be null).
+// Words for an exchange of `fields` with this rank's failure (own, may be null).
 std::vector<uint32_t> words(const std::vector<Field>& fields, int rank, const Error* own) {
   std::vector<uint32_t> w(kWordFields + 4 * fields.size(), 0);
   if (own) {
-    w[kWordStatus] = static_cast<uint32_t>(own->status() == Status::kSuccess ? Status::kInternal : own->status());
-    w[kWordFailed] = 1u << (rank % 32);
+    w[kWordStatus] = status_word(*own);
+    engine::put_rank(&w[kWordFailed], rank);
   }
   for (size_t i = 0; i < fields.size(); ++i) put_field(&w[kWordFields + 4 * i], fields[i].value);
   return w;
@@ -144,51 +169,98 @@ void capture(std::unique_ptr<Error>* own, Fn&& fn) {
   }
 }
 
-// A POSIX shared-memory mapping of one host's ranks. Local rank 0 creates the object, the
-// others map it by name; it is unlinked as soon as every rank has it mapped, so it disappears
-// with the last mapping, whatever happens to the processes.
+// ---- the host's shared memory
+//
+// An anonymous shared-memory object (memfd) of one host's ranks: local rank 0 creates it and
+// keeps its descriptor open until every local rank has mapped it through /proc/<pid>/fd/<fd>.
+// It never has a name, so nothing is left behind (in /dev/shm or anywhere) whatever happens to
+// the processes, and /dev/shm's size (64 MB in a default Docker container) does not bound it.
+struct ArenaHandle {
+  int32_t err = 0;  // local rank 0's errno: no arena
+  int32_t pid = 0;
+  int32_t fd = -1;
+  uint32_t nonce = 0;
+  uint64_t bytes = 0;
+};
+static_assert(std::is_trivially_copyable<ArenaHandle>::value, "sent as bytes");
+
+// The start of an arena: a barrier of the host's ranks, the next arena's handle (growing), then a
+// status word per local rank (kStatusOffset).
+struct ArenaCtl {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> gen;
+  ArenaHandle next;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "atomics in memory shared between processes");
+constexpr size_t kStatusOffset = 64;
+static_assert(sizeof(ArenaCtl) <= kStatusOffset, "the control block fits before the status words");
+size_t ctl_bytes(int lsize) { return (kStatusOffset + 4 * static_cast<size_t>(lsize) + 4095) / 4096 * 4096; }
+
 class Arena {
  public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
   ~Arena() {
     if (base_ != nullptr) munmap(base_, bytes_);
+    if (fd_ >= 0) close(fd_);
   }
-  float* base() const { return static_cast<float*>(base_); }
+  uint8_t* base() const { return static_cast<uint8_t*>(base_); }
+  size_t bytes() const { return bytes_; }
+  ArenaCtl* ctl() const { return static_cast<ArenaCtl*>(base_); }
+  std::atomic<uint32_t>* status(int lrank) const {
+    return reinterpret_cast<std::atomic<uint32_t>*>(base() + kStatusOffset) + lrank;
+  }
 
-  // Collective over local (bounded waits). Returns 0 or an errno of this rank (the caller
-  // agrees on the outcome across hosts, then calls unlink on local rank 0).
-  int map(MPI_Comm local, int lrank, size_t bytes, Waits& w) {
-    struct Msg {
-      char name[48];
-      int err;
-    } msg{};
-    if (lrank == 0) {
-      std::random_device rd;
-      std::snprintf(msg.name, sizeof msg.name, "/thc-hier-%08x%08x", rd(), rd());
-      const int fd = shm_open(msg.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) {
-        msg.err = errno;
-      } else {
-        // Reserved now (tmpfs): a full /dev/shm is an error here, not a SIGBUS later.
-        msg.err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-        if (msg.err == 0) msg.err = attach(fd, bytes);
-        close(fd);
-        if (msg.err != 0) shm_unlink(msg.name);
-      }
-      name_ = msg.name;
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    w.check(PMPI_Ibcast(&msg, sizeof msg, MPI_BYTE, 0, local, &req), "sharing the host's memory (MPI_Ibcast)");
-    w.wait(&req, "sharing the host's memory (MPI_Ibcast)");
-    if (lrank == 0 || msg.err != 0) return msg.err;
-    const int fd = shm_open(msg.name, O_RDWR, 0600);
+  // Local rank 0: a new object of `bytes`, reserved now (a shortage is an error here, not a
+  // SIGBUS later). Returns 0 or an errno; *h says how the other local ranks open it.
+  int create(size_t bytes, ArenaHandle* h) {
+    std::random_device rd;
+    const uint32_t nonce = rd();
+    char name[32];
+    std::snprintf(name, sizeof name, "thc-hier-%08x", nonce);
+    const int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0) return errno;
-    const int err = attach(fd, bytes);
+    int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    if (err == 0) err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err == 0) err = attach(fd, bytes);
+    if (err != 0) {
+      close(fd);
+      return err;
+    }
+    fd_ = fd;
+    *h = ArenaHandle{0, static_cast<int32_t>(getpid()), fd, nonce, bytes};
+    return 0;
+  }
+  // The other local ranks: the object of h. Returns 0 or an errno (ESTALE: the descriptor there
+  // is no longer that object, local rank 0 having given up on it).
+  int open(const ArenaHandle& h) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+    const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return errno;
+    char self[64], target[128], want[48];
+    std::snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    std::snprintf(want, sizeof want, "/memfd:thc-hier-%08x", h.nonce);
+    const ssize_t len = readlink(self, target, sizeof target - 1);
+    struct stat st {};
+    int err = 0;
+    if (len < 0) {
+      err = errno;
+    } else {
+      target[len] = '\0';
+      if (std::strncmp(target, want, std::strlen(want)) != 0 || fstat(fd, &st) != 0 ||
+          static_cast<uint64_t>(st.st_size) != h.bytes)
+        err = ESTALE;
+    }
+    if (err == 0) err = attach(fd, h.bytes);
     close(fd);
     return err;
   }
-  void unlink() {
-    if (!name_.empty()) shm_unlink(name_.c_str());
-    name_.clear();
+  // Local rank 0, once every local rank has it mapped: the mappings keep the memory.
+  void close_fd() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
   }
 
  private:
@@ -201,8 +273,34 @@ class Arena {
   }
   void* base_ = nullptr;
   size_t bytes_ = 0;
-  std::string name_;
+  int fd_ = -1;
 };
+
+std::string errno_word(uint32_t e) { return " (" + std::string(std::strerror(static_cast<int>(e))) + ")"; }
+
+// Which ranks share memory: the same kernel (its boot id) and the same PID namespace (what
+// opening /proc/<pid>/fd of another process needs).
+uint64_t machine_key() {
+  uint64_t h = 0x6a09e667f3bcc908ull;
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char b[64] = {};
+    if (std::fgets(b, sizeof b, f)) id = b;
+    std::fclose(f);
+  }
+  if (id.empty()) {
+    char hn[256] = {};
+    gethostname(hn, sizeof hn - 1);
+    id = hn;
+  }
+  for (char c : id) h = engine::digest_mix(h, static_cast<unsigned char>(c));
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) == 0) {
+    h = engine::digest_mix(h, static_cast<uint64_t>(st.st_dev));
+    h = engine::digest_mix(h, static_cast<uint64_t>(st.st_ino));
+  }
+  return h;
+}
 
 // Sizes of emulated hosts, "2,2" -> {2, 2}; throws on anything else.
 std::vector<int> parse_hosts(const std::string& s, int world) {
@@ -244,12 +342,27 @@ bool load_checked(const void* src, engine::DType t, uint64_t first, uint64_t n, 
   return bad == 0;
 }
 
+// Local ranks 0..L-1 of a host; the compressed stage's slices 0..S-1.
+struct HostLayout {
+  int hosts = 0, host_index = 0, lrank = 0, lsize = 1, slices = 1, lmax = 1;
+  std::vector<int> local;  // this host's ranks (of the communicator), by local rank
+  std::vector<int> slice;  // local rank `lrank` of every host, by host (this rank's slice group)
+  std::vector<int> sizes;  // ranks per host
+};
+
+constexpr int kArenaTag = 1;          // local rank 0 -> the others: the arena's handle
+constexpr uint64_t kMinWindow = 1024;  // elements per slice and rank an arena holds at least
+constexpr uint64_t kFirstWindow = uint64_t{1} << 16;
+
 class HierComm final : public capi::Composite {
  public:
-  HierComm(const thc_config_t& cfg, MPI_Comm ctl, MPI_Comm local, int rank, int size, int lrank, int lsize, int hosts,
-           int slices, Waits w)
-      : cfg_(cfg), ctl_(ctl), local_(local), rank_(rank), size_(size), lrank_(lrank), lsize_(lsize), hosts_(hosts),
-        slices_(slices), w_(std::move(w)) {}
+  HierComm(const thc_config_t& cfg, MPI_Comm ctl, std::shared_ptr<transport::MpiSharedComm> dup, int rank, int size,
+           HostLayout lay, Waits w)
+      : cfg_(cfg), ctl_(ctl), dup_(std::move(dup)), rank_(rank), size_(size), lay_(std::move(lay)), lrank_(lay_.lrank),
+        lsize_(lay_.lsize), hosts_(lay_.hosts), slices_(lay_.slices), w_(std::move(w)) {
+    cap_bytes_ = std::max<size_t>(cfg.hier_arena_bytes > 0 ? static_cast<size_t>(cfg.hier_arena_bytes) : 0,
+                                  arena_bytes(kMinWindow));
+  }
 
   ~HierComm() override {
     inner_.reset();
@@ -259,33 +372,40 @@ class HierComm final : public capi::Composite {
     PMPI_Finalized(&finalized);
     // A broken communicator keeps its duplicates (context ids of abandoned operations must not
     // be reused), as the MPI backend does.
-    if (!finalized && !w_.broken) {
-      if (local_ != MPI_COMM_NULL) PMPI_Comm_free(&local_);
-      if (ctl_ != MPI_COMM_NULL) PMPI_Comm_free(&ctl_);
-    }
+    if (w_.broken && dup_) dup_->abandoned = true;
+    if (!finalized && !w_.broken && ctl_ != MPI_COMM_NULL) PMPI_Comm_free(&ctl_);
   }
 
-  // Creation, after the layout: the compressed stage's engine for slice lrank (every rank
-  // agrees on the outcome).
-  void create_inner() {
+  // Creation, after the layout: the host's arena and the compressed stage's engine for slice
+  // lrank; every rank agrees on the outcome. False: some host has no shared memory for its
+  // ranks (why_flat() names them), and the communicator runs flat instead.
+  bool create() {
     std::unique_ptr<Error> own;
-    MPI_Comm inner = MPI_COMM_NULL;
-    w_.check(PMPI_Comm_split(ctl_, lrank_ < slices_ ? lrank_ : MPI_UNDEFINED, rank_, &inner),
-             "the communicator of one slice across hosts (MPI_Comm_split)");
-    if (inner != MPI_COMM_NULL) {
+    const int err = share_arena(arena_bytes(std::min(kFirstWindow, window_for(cap_bytes_))));
+    if (lrank_ < slices_) {
       capture(&own, [&] {
         thc_config_t c = cfg_;
         // Independent randomness per slice; slice 0 keeps THC_SEED itself (one rank per host
         // and THC_HIER=1 then gives the flat engine's bits).
         if (c.seed != 0 && lrank_ > 0) c.seed = engine::digest_mix(c.seed, static_cast<uint64_t>(lrank_)) | 1;
-        inner_ = std::make_unique<engine::Engine>(transport::make_mpi_reducer(inner, c.timeout_ms), c);
+        inner_ = std::make_unique<engine::Engine>(transport::make_mpi_group_reducer(dup_, lay_.slice, c.timeout_ms), c);
       });
-      PMPI_Comm_free(&inner);
     }
     std::vector<uint32_t> w = words({}, rank_, own.get());
+    if (err != 0) engine::put_rank(&w[kWordRanks], rank_);
+    w[kWordDevice] = static_cast<uint32_t>(err);
     w_.max_u32(ctl_, w.data(), w.size(), "creating the hierarchical communicator (MPI_Iallreduce)");
-    judge(w.data(), {}, rank_, own.get(), "while creating the communicator");
+    judge(w.data(), {}, rank_, size_, own.get(), false, false, "while creating the communicator", w_.naming(ctl_));
+    if (engine::any_rank(&w[kWordRanks])) {
+      why_flat_ = "no shared memory for the host's ranks on " +
+                  engine::name_ranks(&w[kWordRanks], size_, rank_, static_cast<uint32_t>(err), w[kWordDevice],
+                                     w_.naming(ctl_), errno_word);
+      return false;
+    }
+    arena_->close_fd();  // every local rank has it mapped
+    return true;
   }
+  const std::string& why_flat() const { return why_flat_; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -293,13 +413,27 @@ class HierComm final : public capi::Composite {
   int hosts() const override { return hosts_; }
   engine::EngineStats stats() const override { return stats_; }
   std::string wire_stats() const override {
-    char b[200];
-    std::snprintf(b, sizeof b, "hierarchical: host %d of %d, local rank %d of %d, %s; %llu calls", host_index_, hosts_,
-                  lrank_, lsize_, lrank_ < slices_ ? "compresses a slice" : "contributes only",
-                  static_cast<unsigned long long>(stats_.calls));
+    char b[256];
+    std::snprintf(b, sizeof b,
+                  "hierarchical: host %d of %d, local rank %d of %d, %s; %llu calls (%llu in rounds); shared memory %.1f MB",
+                  lay_.host_index, hosts_, lrank_, lsize_, lrank_ < slices_ ? "compresses a slice" : "contributes only",
+                  static_cast<unsigned long long>(stats_.calls), static_cast<unsigned long long>(streamed_),
+                  arena_ ? arena_->bytes() / 1e6 : 0.0);
     return b;
   }
-  void set_host_index(int h) { host_index_ = h; }
+
+  void fail_call(const Error& why) override {
+    if (w_.broken) return;  // nothing can be exchanged any more: the caller reports its own error
+    const uint32_t round = round_++;
+    const std::vector<Field> fields = call_fields(nullptr, 0, false, round);
+    std::vector<uint32_t> hdr = words(fields, rank_, &why);
+    try {
+      w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
+      judge(hdr.data(), fields, rank_, size_, &why, false, true, "this call before exchanging", w_.naming(ctl_));
+    } catch (const Error&) {
+      // its own error (judge), or a broken communicator: the caller reports why
+    }
+  }
 
   void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, engine::DType dtype, bool mean,
                  engine::ErrorFeedback* ef) override {
@@ -310,7 +444,7 @@ class HierComm final : public capi::Composite {
     std::unique_ptr<Error> own;
     bool finite = true, device = false, wrote = false;
     const codec::Codec* cod = nullptr;
-    uint64_t f = 0, e = 0;  // this rank's slice (empty beyond the slices)
+    Slices sl;
     capture(&own, [&] {
       if (!recv) fail(Status::kInvalidArgument, "allreduce: recvbuf is NULL");
       if (!send || send == THC_IN_PLACE) send = recv;
@@ -322,36 +456,25 @@ class HierComm final : public capi::Composite {
                                            ", used with count " + std::to_string(count));
       if (ef && ef->device)
         fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
-      // With room in the arena, the input the other slice owners read goes there now
-      // (converted and checked in one pass; this rank's own slice stays in sendbuf); the
-      // exchange below then also orders every rank's write before any read of it.
-      slice_of(count, lrank_, &f, &e);
-      if (count <= cap_) {
-        finite = put_input(send, dtype, count, f, e);
+      sl = slices(count);
+      // With room in the arena for the whole call, the input the other slice owners read goes
+      // there now (converted and checked in one pass; this rank's own slice stays in sendbuf);
+      // the exchange below then also orders every rank's write before any read of it.
+      if (sl.maxlen <= window()) {
+        finite = put_input(send, dtype, sl, true);
         wrote = true;
       } else {
         finite = check_finite(send, dtype, 0, count);
       }
     });
-    const int block_log2 = engine::log2_exact(cfg_.block);
-    const uint64_t chunk_blocks =
-        block_log2 < 0 ? 0 : std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / (uint64_t{1} << block_log2));
-    const std::vector<Field> fields = {
-        {"the codec (scheme, THC_BITS/GRANULARITY/P/UNIFORM, THC_BLOCK, THC_NAT_*, THC_DNAT_NORM)", cod ? cod->digest() : 0},
-        {"the count", count},
-        {"the op (SUM or AVG)", mean ? 1u : 0u},
-        {"the chunking (THC_CHUNK_BYTES, in blocks per chunk)", chunk_blocks},
-        {"the algorithm (THC_ALGO)", static_cast<uint64_t>(cfg_.algo)},
-        {"downstream re-compression (THC_BIDIR)", static_cast<uint64_t>(cfg_.bidir)},
-        {"the call sequence (a rank skipped or added a call)", round},
-    };
+    const std::vector<Field> fields = call_fields(cod, count, mean, round);
     std::vector<uint32_t> hdr = words(fields, rank_, own.get());
-    hdr[kWordNonFinite] = finite ? 0u : (1u << (rank_ % 32));
+    if (!finite) engine::put_rank(&hdr[kWordRanks], rank_);
     hdr[kWordDevice] = device ? 1u : 0u;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    judge(hdr.data(), fields, rank_, own.get(), "this call before exchanging");
+    judge(hdr.data(), fields, rank_, size_, own.get(), !finite, true, "this call before exchanging", w_.naming(ctl_));
 
     if (hdr[kWordDevice] != 0) {
       // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
@@ -363,36 +486,68 @@ class HierComm final : public capi::Composite {
               after.last_algo);
       return;
     }
-    if (count > cap_) grow(count);
+
+    // ---- intra-host reduce-scatter: slice lrank into P (in the arena's output when the whole
+    // call fits, else in this rank's memory, round by round through the arena).
+    bool single = wrote;
     if (!wrote) {
-      put_input(send, dtype, count, f, e);
-      barrier_local();
+      if (sl.maxlen > window()) grow(sl.maxlen);
+      if (sl.maxlen <= window()) {
+        put_input(send, dtype, sl, false);
+        barrier("every rank's input written");
+        single = true;
+      }
+    }
+    const uint64_t w = window();
+    const bool owner = lrank_ < slices_;
+    const uint64_t f = owner ? sl.f[lrank_] : 0, len = owner ? sl.e[lrank_] - f : 0;
+    float* P = nullptr;
+    const uint64_t rounds = single ? 1 : (sl.maxlen + w - 1) / w;
+    if (single) {
+      if (owner) {
+        P = output() + lrank_ * w;
+        reduce_slice(send, dtype, f, len, lrank_ * w, P);
+      }
+    } else {
+      if (owner) {
+        priv_.resize(len);
+        P = priv_.data();
+      }
+      for (uint64_t k = 0; k < rounds; ++k) {
+        if (k) barrier("a round's inputs read");
+        write_round(send, dtype, sl, k, w);
+        barrier("a round's inputs written");
+        if (owner && k * w < len) reduce_slice(send, dtype, f + k * w, std::min(w, len - k * w), lrank_ * w, P + k * w);
+      }
     }
 
-    // The compressed stage on this rank's slice, in place in the arena's output.
+    // ---- the compressed stage on this rank's slice.
     own.reset();
     uint64_t up = 0, down = 0;
     engine::Algo algo = engine::Algo::kInt;
-    if (lrank_ < slices_) {
-      float* mine = output() + f;
-      reduce_slice(send, dtype, f, e - f, mine);
+    // A failure of any slice fails the call on every rank (below): the residual is then put back
+    // as it was, as if the call had not been made (the successful slices advanced theirs).
+    const bool ef_bound = ef && ef->count != 0;
+    std::vector<float> ef_saved;
+    if (owner && ef_bound) ef_saved.assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(len));
+    if (owner) {
       engine::ErrorFeedback sub;
       // The slice's residual sits at the front of the state's vector, which keeps `count`
       // elements (as the flat engine's would) so the state stays safe to hand to any call.
       if (ef) {
-        sub.count = ef->count == 0 ? 0 : e - f;
+        sub.count = ef->count == 0 ? 0 : len;
         sub.residual = std::move(ef->residual);
       }
       capture(&own, [&] {
         const engine::EngineStats before = inner_->stats();
-        inner_->allreduce(scheme, mine, mine, e - f, engine::DType::kF32, false, ef ? &sub : nullptr);
+        inner_->allreduce(scheme, P, P, len, engine::DType::kF32, false, ef ? &sub : nullptr);
         const engine::EngineStats& after = inner_->stats();
         up = after.wire_bytes_up - before.wire_bytes_up;
         down = after.wire_bytes_down - before.wire_bytes_down;
         algo = after.last_algo;
         if (mean) {
           const float s = 1.0f / static_cast<float>(size_);
-          for (uint64_t i = 0; i < e - f; ++i) mine[i] *= s;
+          for (uint64_t i = 0; i < len; ++i) P[i] *= s;
         }
       });
       if (ef) {
@@ -406,16 +561,64 @@ class HierComm final : public capi::Composite {
     }
     // Every rank learns whether every slice made it before any output is written.
     std::vector<uint32_t> post = words({}, rank_, own.get());
-    post.push_back(lrank_ < slices_ && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
+    post.push_back(owner && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    w_.max_u32(ctl_, post.data(), post.size(), "after the compressed stage (MPI_Iallreduce)");
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    judge(post.data(), {}, rank_, own.get(), "the compressed stage");
-    engine::store_from_float(output(), count, dtype, recv, 0);
+    try {
+      w_.max_u32(ctl_, post.data(), post.size(), "after the compressed stage (MPI_Iallreduce)");
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      judge(post.data(), {}, rank_, size_, own.get(), false, false, "the compressed stage", w_.naming(ctl_));
+    } catch (const Error&) {
+      if (owner && ef) {
+        if (ef_bound) {
+          std::copy(ef_saved.begin(), ef_saved.end(), ef->residual.begin());
+        } else {
+          ef->residual.clear();
+          ef->count = 0;
+        }
+      }
+      throw;
+    }
+
+    // ---- intra-host allgather: every rank reads the reduced slices.
+    if (single) {
+      for (int i = 0; i < slices_; ++i)
+        engine::store_from_float(output() + static_cast<uint64_t>(i) * w, sl.e[i] - sl.f[i], dtype, recv, sl.f[i]);
+    } else {
+      for (uint64_t k = 0; k < rounds; ++k) {
+        if (k) barrier("a round's results read");
+        if (owner && k * w < len) std::memcpy(output() + lrank_ * w, P + k * w, std::min(w, len - k * w) * sizeof(float));
+        barrier("a round's results written");
+        for (int i = 0; i < slices_; ++i) {
+          const uint64_t a = sl.f[i] + k * w;
+          if (a < sl.e[i]) engine::store_from_float(output() + static_cast<uint64_t>(i) * w, std::min(w, sl.e[i] - a), dtype, recv, a);
+        }
+      }
+    }
+    if (!single) ++streamed_;
     account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
   }
 
  private:
+  struct Slices {
+    std::vector<uint64_t> f, e;
+    uint64_t maxlen = 0;
+  };
+
+  std::vector<Field> call_fields(const codec::Codec* cod, uint64_t count, bool mean, uint32_t round) const {
+    const int block_log2 = engine::log2_exact(cfg_.block);
+    const uint64_t chunk_blocks =
+        block_log2 < 0 ? 0 : std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / (uint64_t{1} << block_log2));
+    return {
+        {"the codec (scheme, THC_BITS/GRANULARITY/P/UNIFORM, THC_BLOCK, THC_NAT_*, THC_DNAT_NORM)", cod ? cod->digest() : 0},
+        {"the count", count},
+        {"the op (SUM or AVG)", mean ? 1u : 0u},
+        {"the chunking (THC_CHUNK_BYTES, in blocks per chunk)", chunk_blocks},
+        {"the algorithm (THC_ALGO)", static_cast<uint64_t>(cfg_.algo)},
+        {"downstream re-compression (THC_BIDIR)", static_cast<uint64_t>(cfg_.bidir)},
+        {"the call sequence (a rank skipped or added a call)", round},
+    };
+  }
+
   const codec::Codec& codec_for(codec::Scheme scheme) {
     auto it = codecs_.find(static_cast<int>(scheme));
     if (it != codecs_.end()) return *it->second;
@@ -428,55 +631,155 @@ class HierComm final : public capi::Composite {
     return ref;
   }
 
-  // Arena layout: lsize_ input segments of cap_ floats, then the output of cap_ floats.
-  float* input(int j) const { return arena_->base() + static_cast<size_t>(j) * cap_; }
-  float* output() const { return arena_->base() + static_cast<size_t>(lsize_) * cap_; }
+  // ---- the arena: a control block, lsize_ input segments of S windows of w floats (window i
+  // holds slice i's elements of a round), then the output of S windows.
+  size_t arena_bytes(uint64_t w) const {
+    return ctl_bytes(lsize_) + (static_cast<size_t>(lsize_) + 1) * static_cast<size_t>(slices_) * w * sizeof(float);
+  }
+  uint64_t window_for(size_t bytes) const {
+    const size_t c = ctl_bytes(lsize_);
+    return bytes <= c ? 0 : (bytes - c) / sizeof(float) / ((static_cast<size_t>(lsize_) + 1) * static_cast<size_t>(slices_));
+  }
+  uint64_t window() const { return arena_ ? window_for(arena_->bytes()) : 0; }
+  float* data() const { return reinterpret_cast<float*>(arena_->base() + ctl_bytes(lsize_)); }
+  float* input(int j) const { return data() + static_cast<size_t>(j) * slices_ * window(); }
+  float* output() const { return input(lsize_); }
 
-  // A larger arena for `count` elements; every rank of every host agrees on the outcome.
-  void grow(uint64_t count) {
-    const uint64_t cap = (count + 4095) / 4096 * 4096;
+  // Creation: local rank 0 creates the arena and sends its handle (or its errno) to the other
+  // local ranks, which open it. Returns 0 or this rank's errno; a timeout or an MPI error throws
+  // (the communicator is then broken).
+  int share_arena(size_t bytes) {
     auto a = std::make_unique<Arena>();
-    const size_t bytes = (static_cast<size_t>(lsize_) + 1) * cap * sizeof(float);
-    const int err = a->map(local_, lrank_, bytes, w_);
-    uint32_t st[2] = {err ? 1u : 0u, err ? (1u << (rank_ % 32)) : 0u};
-    w_.max_u32(ctl_, st, 2, "sharing the host's memory (MPI_Iallreduce)");
-    if (lrank_ == 0) a->unlink();  // every local rank has mapped it (or failed) by now
-    if (st[0] != 0) {
-      std::string msg = "hierarchical allreduce: no shared memory of " + std::to_string(bytes) +
-                        " bytes for the host's ranks (POSIX shm in /dev/shm) on rank(s) " + engine::rank_bitmap(st[1]) +
-                        " (bitmap of ranks mod 32)";
-      if (err) msg += std::string(": ") + std::strerror(err);
-      fail(Status::kOutOfMemory, msg + "; nothing was reduced");
+    ArenaHandle h{};
+    int err = 0;
+    const char* what = "sharing the host's memory (MPI_Isend/MPI_Irecv)";
+    if (lrank_ == 0) {
+      err = a->create(bytes, &h);
+      h.err = err;
+      if (lsize_ > 1) {
+        // Buffers MPI may still read after a timeout stay parked (Waits::wait), never freed.
+        std::vector<uint8_t> buf(sizeof h);
+        std::memcpy(buf.data(), &h, sizeof h);
+        std::vector<MPI_Request> reqs(static_cast<size_t>(lsize_ - 1), MPI_REQUEST_NULL);
+        for (int p = 1; p < lsize_; ++p)
+          w_.check(PMPI_Isend(buf.data(), static_cast<int>(sizeof h), MPI_BYTE, lay_.local[p], kArenaTag, dup_->comm,
+                              &reqs[static_cast<size_t>(p - 1)]),
+                   what, {&buf});
+        for (MPI_Request& r : reqs) w_.wait(&r, what, {&buf});
+      }
+    } else {
+      std::vector<uint8_t> buf(sizeof h);
+      MPI_Request r = MPI_REQUEST_NULL;
+      w_.check(PMPI_Irecv(buf.data(), static_cast<int>(sizeof h), MPI_BYTE, lay_.local[0], kArenaTag, dup_->comm, &r),
+               what, {&buf});
+      w_.wait(&r, what, {&buf});
+      std::memcpy(&h, buf.data(), sizeof h);
+      err = h.err != 0 ? h.err : a->open(h);
     }
+    if (err == 0) arena_ = std::move(a);
+    return err;
+  }
+
+  // A larger arena for calls whose slices hold `maxlen` elements, up to THC_HIER_ARENA_BYTES,
+  // agreed among the host's ranks through the current arena (every local rank calls this alike:
+  // the same count, arena and bound). If it cannot be had, calls stream through the current one.
+  void grow(uint64_t maxlen) {
+    const uint64_t want_w = (maxlen + kFirstWindow - 1) / kFirstWindow * kFirstWindow;
+    const size_t bytes = std::min(arena_bytes(want_w), cap_bytes_);
+    if (bytes <= arena_->bytes() || bytes >= failed_bytes_) return;
+    auto a = std::make_unique<Arena>();
+    ArenaCtl* c = arena_->ctl();
+    if (lrank_ == 0) {
+      ArenaHandle h{};
+      h.err = a->create(bytes, &h);
+      c->next = h;
+    }
+    barrier("growing the host's shared memory");
+    const ArenaHandle h = c->next;
+    const int err = lrank_ == 0 ? h.err : (h.err != 0 ? h.err : a->open(h));
+    arena_->status(lrank_)->store(err != 0 ? 1u : 0u, std::memory_order_relaxed);
+    barrier("growing the host's shared memory");
+    bool ok = true;
+    for (int j = 0; j < lsize_; ++j) ok &= arena_->status(j)->load(std::memory_order_relaxed) == 0;
+    if (!ok) {
+      failed_bytes_ = bytes;
+      if (cfg_.debug && lrank_ == 0)
+        std::fprintf(stderr,
+                     "thc: rank %d: THC_HIER: no shared memory of %zu bytes for the host's %d ranks%s; calls stream "
+                     "through the %zu bytes it has, in rounds\n",
+                     rank_, bytes, lsize_, h.err ? errno_word(static_cast<uint32_t>(h.err)).c_str() : "",
+                     arena_->bytes());
+      return;
+    }
+    a->close_fd();
     arena_ = std::move(a);
-    cap_ = cap;
   }
 
-  void barrier_local() {
-    MPI_Request req = MPI_REQUEST_NULL;
+  // Every local rank, bounded: a barrier in the arena (no MPI), which ranks sharing cores wait
+  // for with growing naps.
+  void barrier(const char* what) {
+    ArenaCtl* c = arena_->ctl();
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    w_.check(PMPI_Ibarrier(local_, &req), "the host's ranks (MPI_Ibarrier)");
-    w_.wait(&req, "the host's ranks (MPI_Ibarrier)");
+    const uint32_t g = c->gen.load(std::memory_order_acquire);
+    if (c->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(lsize_)) {
+      c->arrived.store(0, std::memory_order_relaxed);
+      c->gen.store(g + 1, std::memory_order_release);
+      return;
+    }
+    const auto until = transport::mpi_deadline(w_.timeout_ms);
+    const auto start = Clock::now();
+    uint64_t nap = 0;
+    while (c->gen.load(std::memory_order_acquire) == g) {
+      const auto now = Clock::now();
+      if (now >= until)
+        w_.fail_broken(Status::kTimeout, std::string("hierarchical allreduce: the host's ranks (") + what +
+                                             "): a local rank did not arrive within " + std::to_string(w_.timeout_ms) +
+                                             " ms (THC_TIMEOUT_MS)");
+      if (now - start < std::chrono::microseconds(50)) continue;
+      nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
+      std::this_thread::sleep_for(std::chrono::microseconds(nap));
+    }
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
-  // Slice l of a call: whole codec blocks, [*f, *e); empty for local ranks beyond the slices.
-  void slice_of(uint64_t count, int l, uint64_t* f, uint64_t* e) const {
-    *f = *e = 0;
+  // Slice l of a call: whole codec blocks, [f, e); slices cover [0, count).
+  Slices slices(uint64_t count) const {
+    Slices s;
     const int lg = engine::log2_exact(cfg_.block);
-    if (l >= slices_ || lg < 0) return;
-    const uint64_t B = uint64_t{1} << lg, nb = (count + B - 1) / B;
-    *f = std::min(count, nb * static_cast<uint64_t>(l) / slices_ * B);
-    *e = std::min(count, nb * static_cast<uint64_t>(l + 1) / slices_ * B);
+    const uint64_t B = uint64_t{1} << (lg < 0 ? 0 : lg), nb = (count + B - 1) / B;
+    for (int l = 0; l < slices_; ++l) {
+      s.f.push_back(std::min(count, nb * static_cast<uint64_t>(l) / static_cast<uint64_t>(slices_) * B));
+      s.e.push_back(std::min(count, nb * static_cast<uint64_t>(l + 1) / static_cast<uint64_t>(slices_) * B));
+      s.maxlen = std::max(s.maxlen, s.e.back() - s.f.back());
+    }
+    return s;
   }
 
-  // This rank's input outside its own slice [f, e) into its arena segment, as float32; false if
-  // any element (the own slice's included) is NaN or infinite.
-  bool put_input(const void* send, engine::DType dtype, uint64_t count, uint64_t f, uint64_t e) {
-    bool ok = load_checked(send, dtype, 0, f, input(lrank_));
-    ok &= check_finite(send, dtype, f, e - f);
-    ok &= load_checked(send, dtype, e, count - e, input(lrank_) + e);
+  // The whole call in one round: this rank's input outside its own slice into its segment, as
+  // float32; with `check`, whether every element (the own slice's included) is finite.
+  bool put_input(const void* send, engine::DType dtype, const Slices& sl, bool check) {
+    const uint64_t w = window();
+    bool ok = true;
+    for (int i = 0; i < slices_; ++i) {
+      float* dst = input(lrank_) + static_cast<uint64_t>(i) * w;
+      if (i == lrank_) {
+        if (check) ok &= check_finite(send, dtype, sl.f[i], sl.e[i] - sl.f[i]);
+      } else if (check) {
+        ok &= load_checked(send, dtype, sl.f[i], sl.e[i] - sl.f[i], dst);
+      } else {
+        engine::load_as_float(send, dtype, sl.f[i], sl.e[i] - sl.f[i], nullptr, dst);
+      }
+    }
     return ok;
+  }
+  // Round k of a call that does not fit: each slice's elements [f + k w, f + (k+1) w).
+  void write_round(const void* send, engine::DType dtype, const Slices& sl, uint64_t k, uint64_t w) {
+    for (int i = 0; i < slices_; ++i) {
+      if (i == lrank_) continue;
+      const uint64_t a = sl.f[i] + k * w;
+      if (a >= sl.e[i]) continue;
+      engine::load_as_float(send, dtype, a, std::min(w, sl.e[i] - a), nullptr, input(lrank_) + static_cast<uint64_t>(i) * w);
+    }
   }
 
   bool check_finite(const void* send, engine::DType dtype, uint64_t first, uint64_t n) {
@@ -487,15 +790,15 @@ class HierComm final : public capi::Composite {
     return ok;
   }
 
-  // out[i] = sum over the host's ranks j, in order, of their element first + i (this rank's
-  // own from sendbuf, the others' from the arena)
-  void reduce_slice(const void* send, engine::DType dtype, uint64_t first, uint64_t n, float* out) {
+  // out[i] = sum over the host's ranks j, in order, of their element first + i (this rank's own
+  // from sendbuf, the others' from their segments at `at`)
+  void reduce_slice(const void* send, engine::DType dtype, uint64_t first, uint64_t n, uint64_t at, float* out) {
     scratch_.resize(kPiece);
     for (uint64_t off = 0; off < n; off += kPiece) {
       const uint64_t m = std::min(kPiece, n - off);
       float* o = out + off;
       for (int j = 0; j < lsize_; ++j) {
-        const float* x = input(j) + first + off;
+        const float* x = input(j) + at + off;
         if (j == lrank_) {
           engine::load_as_float(send, dtype, first + off, m, nullptr, scratch_.data());
           x = scratch_.data();
@@ -519,18 +822,24 @@ class HierComm final : public capi::Composite {
   }
 
   thc_config_t cfg_;
-  MPI_Comm ctl_, local_;
-  int rank_, size_, lrank_, lsize_, hosts_, slices_;
-  int host_index_ = 0;
+  MPI_Comm ctl_;
+  std::shared_ptr<transport::MpiSharedComm> dup_;  // point-to-point: slice groups, arena handles
+  int rank_, size_;
+  HostLayout lay_;
+  int lrank_, lsize_, hosts_, slices_;
   Waits w_;
   uint32_t round_ = 0;
   std::map<int, std::unique_ptr<codec::Codec>> codecs_;
   std::unique_ptr<engine::Engine> inner_;  // local ranks < slices_: slice lrank_ across hosts
   std::unique_ptr<engine::Engine> flat_;   // calls with device buffers, created on the first
   std::unique_ptr<Arena> arena_;
-  uint64_t cap_ = 0;
+  size_t cap_bytes_ = 0;
+  size_t failed_bytes_ = std::numeric_limits<size_t>::max();  // the smallest arena growth that failed
+  uint64_t streamed_ = 0;
+  std::string why_flat_;
   static constexpr uint64_t kPiece = 8192;
   std::vector<float> scratch_;
+  std::vector<float> priv_;  // this rank's slice when a call streams in rounds
   engine::EngineStats stats_;
 };
 
@@ -547,16 +856,18 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
   Waits w;
   w.timeout_ms = cfg.timeout_ms;
   // Bounded like every wait of thc: a rank that never creates its communicator makes the
-  // others fail within THC_TIMEOUT_MS. The blocking splits below come after the agreement,
-  // which every rank has reached.
+  // others fail within THC_TIMEOUT_MS, and one that comes after they gave up fails too (every
+  // step is nonblocking: a blocking MPI_Comm_split after the others left would wait forever).
   MPI_Comm ctl = w.idup(comm);
   THC_CHECK_MPI(PMPI_Comm_set_errhandler(ctl, MPI_ERRORS_RETURN));
   struct Free {
     MPI_Comm* c;
+    const Waits* w;
     ~Free() {
-      if (c && *c != MPI_COMM_NULL) PMPI_Comm_free(c);
+      // kept after an abandoned operation (its context id must not be reused)
+      if (c && *c != MPI_COMM_NULL && !w->broken) PMPI_Comm_free(c);
     }
-  } free_ctl{&ctl};
+  } free_ctl{&ctl, &w};
   int rank = 0, size = 1, world = 1, wrank = 0;
   THC_CHECK_MPI(PMPI_Comm_rank(ctl, &rank));
   THC_CHECK_MPI(PMPI_Comm_size(ctl, &size));
@@ -577,10 +888,11 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
   uint64_t hh = 0;
   for (char ch : emulated) hh = engine::digest_mix(hh, static_cast<unsigned char>(ch));
   const std::vector<Field> fields = {{"THC_HIER", static_cast<uint64_t>(cfg.hier + 1)},
-                                     {"THC_HIER_HOSTS", hh}};
+                                     {"THC_HIER_HOSTS", hh},
+                                     {"THC_HIER_ARENA_BYTES", static_cast<uint64_t>(cfg.hier_arena_bytes)}};
   std::vector<uint32_t> agree = words(fields, rank, own.get());
   w.max_u32(ctl, agree.data(), agree.size(), "creating the communicator (MPI_Iallreduce)");
-  judge(agree.data(), fields, rank, own.get(), "while creating the communicator");
+  judge(agree.data(), fields, rank, size, own.get(), false, false, "while creating the communicator", w.naming(ctl));
 
   auto say = [&](const std::string& what) {
     if (cfg.debug && rank == 0)
@@ -590,60 +902,64 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
     say("flat");
     return nullptr;
   }
-  MPI_Comm local = MPI_COMM_NULL;
-  if (host_label >= 0) {
-    THC_CHECK_MPI(PMPI_Comm_split(ctl, host_label, rank, &local));
-  } else {
-    THC_CHECK_MPI(PMPI_Comm_split_type(ctl, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
-  }
-  Free free_local{&local};
-  int lrank = 0, lsize = 1;
-  THC_CHECK_MPI(PMPI_Comm_rank(local, &lrank));
-  THC_CHECK_MPI(PMPI_Comm_size(local, &lsize));
-  // Every rank's place (local rank, host size, the host's first rank): hosts in the order of
-  // their first ranks.
-  int leader = 0;
+  // Every rank's host: an allgather of host keys (emulated: the block's number).
+  const uint64_t key = host_label >= 0 ? static_cast<uint64_t>(host_label) + 1 : machine_key();
+  std::vector<uint8_t> mine(8), keys(8 * static_cast<size_t>(size));
+  std::memcpy(mine.data(), &key, 8);
   {
-    MPI_Group lg, cg;
-    THC_CHECK_MPI(PMPI_Comm_group(local, &lg));
-    THC_CHECK_MPI(PMPI_Comm_group(ctl, &cg));
-    const int zero = 0;
-    THC_CHECK_MPI(PMPI_Group_translate_ranks(lg, 1, &zero, cg, &leader));
-    PMPI_Group_free(&lg);
-    PMPI_Group_free(&cg);
-  }
-  std::vector<int> places(3 * static_cast<size_t>(size));
-  {
-    const int mine[3] = {lrank, lsize, leader};
+    const char* what = "the host layout (MPI_Iallgather)";
     MPI_Request req = MPI_REQUEST_NULL;
-    w.check(PMPI_Iallgather(mine, 3, MPI_INT, places.data(), 3, MPI_INT, ctl, &req), "the host layout (MPI_Iallgather)");
-    w.wait(&req, "the host layout (MPI_Iallgather)");
+    w.check(PMPI_Iallgather(mine.data(), 2, MPI_UINT32_T, keys.data(), 2, MPI_UINT32_T, ctl, &req), what, {&mine, &keys});
+    w.wait(&req, what, {&mine, &keys});
   }
-  std::vector<int> host_sizes;
-  int host_index = -1;
+  // Hosts in the order of their first ranks; local ranks in rank order.
+  std::vector<uint64_t> host_keys;
+  std::vector<std::vector<int>> members;
+  int my_host = -1;
   for (int r = 0; r < size; ++r) {
-    if (places[3 * r] != 0) continue;
-    if (r == leader) host_index = static_cast<int>(host_sizes.size());
-    host_sizes.push_back(places[3 * r + 1]);
+    uint64_t k;
+    std::memcpy(&k, keys.data() + 8 * static_cast<size_t>(r), 8);
+    const size_t h = static_cast<size_t>(std::find(host_keys.begin(), host_keys.end(), k) - host_keys.begin());
+    if (h == host_keys.size()) {
+      host_keys.push_back(k);
+      members.emplace_back();
+    }
+    members[h].push_back(r);
+    if (r == rank) my_host = static_cast<int>(h);
   }
-  const int hosts = static_cast<int>(host_sizes.size());
-  const int lmin = *std::min_element(host_sizes.begin(), host_sizes.end());
-  const int lmax = *std::max_element(host_sizes.begin(), host_sizes.end());
+  HostLayout lay;
+  lay.hosts = static_cast<int>(members.size());
+  lay.host_index = my_host;
+  lay.local = members[static_cast<size_t>(my_host)];
+  lay.lsize = static_cast<int>(lay.local.size());
+  lay.lrank = static_cast<int>(std::find(lay.local.begin(), lay.local.end(), rank) - lay.local.begin());
+  for (const auto& m : members) lay.sizes.push_back(static_cast<int>(m.size()));
+  lay.slices = *std::min_element(lay.sizes.begin(), lay.sizes.end());
+  lay.lmax = *std::max_element(lay.sizes.begin(), lay.sizes.end());
+  if (lay.lrank < lay.slices)
+    for (const auto& m : members) lay.slice.push_back(m[static_cast<size_t>(lay.lrank)]);
   std::string layout;
-  for (size_t h = 0; h < host_sizes.size(); ++h) layout += (h ? "," : "") + std::to_string(host_sizes[h]);
-  layout = std::to_string(hosts) + (hosts == 1 ? " host" : " hosts") + " (ranks per host " + layout +
-           (emulated.empty() ? ", MPI_COMM_TYPE_SHARED" : ", emulated by THC_HIER_HOSTS") + ")";
-  if (hosts < 2 || (cfg.hier < 0 && lmax < 2)) {
-    say("flat: " + layout + (hosts < 2 ? "" : ", one rank per host"));
+  for (size_t h = 0; h < lay.sizes.size(); ++h) layout += (h ? "," : "") + std::to_string(lay.sizes[h]);
+  layout = std::to_string(lay.hosts) + (lay.hosts == 1 ? " host" : " hosts") + " (ranks per host " + layout +
+           (emulated.empty() ? ", ranks sharing a kernel and a PID namespace" : ", emulated by THC_HIER_HOSTS") + ")";
+  if (lay.hosts < 2 || (cfg.hier < 0 && lay.lmax < 2)) {
+    say("flat: " + layout + (lay.hosts < 2 ? "" : ", one rank per host"));
     return nullptr;
   }
-  auto h = std::make_unique<HierComm>(cfg, ctl, local, rank, size, lrank, lsize, hosts, lmin, std::move(w));
+  // The point-to-point channel of the slice groups and the hosts (no pair of ranks is in two
+  // of them: a slice group has one rank per host).
+  auto dup = std::make_shared<transport::MpiSharedComm>(w.idup(ctl));
+  THC_CHECK_MPI(PMPI_Comm_set_errhandler(dup->comm, MPI_ERRORS_RETURN));
+  const int lmin = lay.slices, lmax = lay.lmax, hosts = lay.hosts;
+  auto h = std::make_unique<HierComm>(cfg, ctl, std::move(dup), rank, size, std::move(lay), std::move(w));
   ctl = MPI_COMM_NULL;
-  local = MPI_COMM_NULL;
-  h->set_host_index(host_index);
-  h->create_inner();
-  say("hierarchical: " + layout + ", " + std::to_string(lmin) +
-      " slices: float reduce-scatter over each host's shared memory, local rank i < " + std::to_string(lmin) +
+  if (!h->create()) {
+    // Never fail a call the flat engine can do: this communicator runs flat.
+    say("flat: " + layout + ": " + h->why_flat());
+    return nullptr;
+  }
+  say("hierarchical: " + layout + ", " + std::to_string(lmin) + (lmin == 1 ? " slice" : " slices") +
+      ": float reduce-scatter over each host's shared memory, local rank i < " + std::to_string(lmin) +
       " of every host runs the compressed allreduce of slice i across the " + std::to_string(hosts) +
       " hosts, allgather over shared memory" + (lmin < lmax ? "; ranks beyond the slices only contribute" : ""));
   return h;

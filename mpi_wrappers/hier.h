@@ -1,7 +1,10 @@
 // Hierarchical allreduce on MPI communicators (THC_HIER): several ranks per host.
 //
-// A call on a communicator that spans H > 1 hosts with more than one rank on some host runs as
-//   1. every rank writes its input (as float32) into a shared-memory arena of its host;
+// A call on a communicator that spans H > 1 hosts (ranks that share a kernel and a PID namespace)
+// with more than one rank on some host runs as
+//   1. every rank writes its input (as float32) into a shared-memory arena of its host (an
+//      anonymous memfd of at most THC_HIER_ARENA_BYTES; calls that do not fit stream through it
+//      in rounds);
 //   2. local rank i < S of every host sums slice i of the host's inputs (S = the fewest ranks
 //      any host has; slices are whole codec blocks): an intra-host float reduce-scatter;
 //   3. local rank i of every host runs the compressed allreduce (an Engine over MPI) of slice i
@@ -15,9 +18,11 @@
 // communicator (failures before it, the codec and its configuration, count, op, chunking,
 // THC_ALGO, THC_BIDIR, the call sequence, NaN/Inf), so every rank fails alike and nothing is
 // reduced; a second one after the compressed stage, so a failure there fails every rank before
-// any output is written; every wait bounded by THC_TIMEOUT_MS. Error feedback applies to the
-// compressed stage (the residual of slice i lives on local rank i). Device buffers on any rank
-// make the call run flat (the engine's GPU path) on every rank.
+// any output is written (and the residual stays as it was); every wait bounded by
+// THC_TIMEOUT_MS, and nothing blocks in MPI (no communicator is split: MPI_Comm_split cannot be
+// bounded). Error feedback applies to the compressed stage (the residual of slice i lives on
+// local rank i). Device buffers on any rank make the call run flat (the engine's GPU path) on
+// every rank.
 #pragma once
 
 #include <mpi.h>
@@ -29,9 +34,10 @@
 namespace thc::mpi {
 
 // Collective over comm: decides whether comm's calls run hierarchically (THC_HIER,
-// THC_HIER_HOSTS; every rank the same way, a disagreement is kConfigMismatch on every rank) and
-// returns what runs them, or nullptr for the flat engine. THC_DEBUG: rank 0 prints the decision
-// and the layout. Throws thc::Error.
+// THC_HIER_HOSTS, THC_HIER_ARENA_BYTES; every rank the same way, a disagreement is
+// kConfigMismatch on every rank; a host without shared memory makes it flat) and returns what
+// runs them, or nullptr for the flat engine. THC_DEBUG: rank 0 prints the decision and the
+// layout. Throws thc::Error.
 std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg);
 
 }  // namespace thc::mpi

@@ -177,6 +177,13 @@ int mpi_code(thc_status_t st) {
   return g_err_codes[st];
 }
 
+// The op MPI itself must run for (datatype, op): MPI_SUM of thc's byte-based 16-bit types is
+// THC_MPI_SUM16 (MPI's MPI_SUM refuses them with MPI_ERR_OP).
+MPI_Op exact_op(MPI_Datatype dt, MPI_Op op) {
+  if (op == MPI_SUM && (dt == THC_MPI_FLOAT16() || dt == THC_MPI_BFLOAT16())) return THC_MPI_SUM16();
+  return op;
+}
+
 }  // namespace
 
 extern "C" {
@@ -184,7 +191,7 @@ extern "C" {
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   const Settings& s = settings();
   if (!s.ok || !eligible(datatype, op, count, comm, s.cfg))
-    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, exact_op(datatype, op), comm);
   CommRec* rec = rec_for(comm);
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -216,12 +223,13 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   }
   if (why == THC_ERR_NONFINITE) {
     // Every rank saw it before anything was reduced (recvbuf untouched): MPI's own sum then
-    // propagates NaN and Inf exactly where MPI_Allreduce would.
+    // propagates NaN and Inf exactly where MPI_Allreduce would (for the 16-bit types through
+    // THC_MPI_SUM16, which MPI cannot do without).
     {
       std::lock_guard<std::mutex> lk(g_mu);
       g_cnt.nonfinite++;
     }
-    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, exact_op(datatype, op), comm);
   }
   std::fprintf(stderr, "libthc_mpi: compressed MPI_Allreduce failed: %s\n", thc_last_error());
   const int code = mpi_code(why);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "collectives/capi/capi.h"
+#include "collectives/engine/dtype.h"
 #include "collectives/engine/knobs.h"
 #include "mpi_wrappers/hier.h"
 #include "transport/mpi/mpi_reducer.h"
@@ -15,6 +16,7 @@ namespace {
 std::mutex g_mu;
 int g_keyval = MPI_KEYVAL_INVALID;
 MPI_Op g_avg = MPI_OP_NULL;
+MPI_Op g_sum16 = MPI_OP_NULL;
 MPI_Datatype g_f16 = MPI_DATATYPE_NULL;
 MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
 
@@ -30,6 +32,23 @@ void avg_as_sum(void* in, void* inout, int* len, MPI_Datatype* dt) {
     for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
   } else if (*dt == MPI_DOUBLE) {
     for (int i = 0; i < *len; ++i) static_cast<double*>(inout)[i] += static_cast<double*>(in)[i];
+  }
+}
+
+// MPI_SUM of the byte-based 16-bit types, which MPI's built-in ops do not know (MPI_ERR_OP):
+// each element added in float and rounded once to the type, so NaN and Inf propagate as in an
+// IEEE sum. The types are created before any op runs on them.
+void sum16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  if (*dt != MPI_DATATYPE_NULL && *dt == g_f16) {
+    for (int i = 0; i < *len; ++i)
+      b[i] = thc::engine::float_to_half(thc::engine::half_to_float(a[i]) + thc::engine::half_to_float(b[i]));
+  } else if (*dt != MPI_DATATYPE_NULL && *dt == g_bf16) {
+    for (int i = 0; i < *len; ++i)
+      b[i] = thc::engine::float_to_bf16(thc::engine::bf16_to_float(a[i]) + thc::engine::bf16_to_float(b[i]));
+  } else {
+    avg_as_sum(in, inout, len, dt);  // float and double (documented: THC_MPI_SUM16 is for the 16-bit types)
   }
 }
 
@@ -93,6 +112,12 @@ MPI_Op THC_MPI_AVG(void) {
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_avg == MPI_OP_NULL) PMPI_Op_create(avg_as_sum, 1, &g_avg);
   return g_avg;
+}
+
+MPI_Op THC_MPI_SUM16(void) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_sum16 == MPI_OP_NULL) PMPI_Op_create(sum16, 1, &g_sum16);
+  return g_sum16;
 }
 
 MPI_Datatype THC_MPI_FLOAT16(void) {

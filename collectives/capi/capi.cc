@@ -183,27 +183,20 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
                                   thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state) {
   return guard("thc_allreduce", [&] {
     if (!comm) thc::fail(thc::Status::kInvalidArgument, "comm is NULL");
-    if (op != THC_OP_SUM && op != THC_OP_AVG)
-      thc::fail(thc::Status::kInvalidArgument, "op must be THC_OP_SUM or THC_OP_AVG");
-    if (scheme < THC_SCHEME_THC || scheme > THC_SCHEME_DNAT)
-      thc::fail(thc::Status::kInvalidArgument, "unknown scheme " + std::to_string(static_cast<int>(scheme)));
-    // One call at a time per communicator and per state (thc.h): a second thread is told so
-    // rather than racing the first.
+    // One call at a time per communicator (thc.h): a second thread is told so rather than racing
+    // the first. Such a call cannot take part in the collective (its exchanges belong to the call
+    // in progress), so it is refused on its own and does not count: like a collective issued
+    // concurrently on one MPI communicator, it is the program's error.
     if (comm->busy.exchange(true))
       thc::fail(thc::Status::kInvalidArgument,
                 "thc_comm_t is in use by a call on another thread (a communicator takes one call at a time, "
-                "in the same order on every rank, like an MPI communicator)");
+                "in the same order on every rank, like an MPI communicator); this call was not made");
     struct Release {
       std::atomic<bool>* flag;
       ~Release() {
         if (flag) flag->store(false);
       }
     } comm_busy{&comm->busy}, state_busy{nullptr};
-    if (state) {
-      if (state->busy.exchange(true))
-        thc::fail(thc::Status::kInvalidArgument, "the error-feedback state is in use by a call on another thread");
-      state_busy.flag = &state->busy;
-    }
     struct CopyStats {
       thc_comm_t c;
       ~CopyStats() {
@@ -211,8 +204,33 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
         c->stats = c->engine ? c->engine->stats() : c->composite->stats();
       }
     } copy_stats{comm};
+    // Everything else that is wrong with the call fails it on every rank: the communicator is
+    // free, so this rank takes part in the call's first exchange with its error (the peers fail
+    // with its status instead of pairing their call with this rank's next one) and the call counts.
+    thc::engine::DType dt{};
+    try {
+      if (op != THC_OP_SUM && op != THC_OP_AVG)
+        thc::fail(thc::Status::kInvalidArgument, "op must be THC_OP_SUM or THC_OP_AVG");
+      if (scheme < THC_SCHEME_THC || scheme > THC_SCHEME_DNAT)
+        thc::fail(thc::Status::kInvalidArgument, "unknown scheme " + std::to_string(static_cast<int>(scheme)));
+      dt = thc::capi::to_dtype(dtype);
+      if (state) {
+        if (state->busy.exchange(true))
+          thc::fail(thc::Status::kInvalidArgument, "the error-feedback state is in use by a call on another thread");
+        state_busy.flag = &state->busy;
+      }
+    } catch (const thc::Error& e) {
+      // count 0 is a call without communication on every rank (thc.h)
+      if (count != 0) {
+        if (comm->engine) {
+          comm->engine->fail_call(e.status());
+        } else {
+          comm->composite->fail_call(e);
+        }
+      }
+      throw;
+    }
     const auto sch = static_cast<thc::codec::Scheme>(scheme);
-    const thc::engine::DType dt = thc::capi::to_dtype(dtype);
     thc::engine::ErrorFeedback* ef = state ? &state->ef : nullptr;
     if (comm->engine) {
       comm->engine->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);

@@ -21,6 +21,10 @@ class Composite {
   virtual const thc_config_t& config() const = 0;
   virtual void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, engine::DType dtype,
                          bool mean, engine::ErrorFeedback* ef) = 0;
+  // A call (count > 0) that failed before it reached allreduce on a free communicator (a bad
+  // argument the C API found): counts it and takes part in its first exchange, so that every rank
+  // fails it with `why.status()` (Engine::fail_call).
+  virtual void fail_call(const Error& why) = 0;
   virtual engine::EngineStats stats() const = 0;
   // Hosts the compressed stage spans (thc_stats_t::hier_hosts).
   virtual int hosts() const = 0;

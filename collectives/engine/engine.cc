@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <random>
 #include <string>
@@ -202,10 +203,10 @@ namespace {
 // collective and all learn of it. 256 u32 words: one DATA_MAX packet of the aggregator protocol.
 constexpr size_t kHeaderWords = 256;
 constexpr size_t kWordStatus = 0;     // MAX of the status of ranks that failed before exchanging
-constexpr size_t kWordFailed = 1;     // bitmap (rank mod 32) of those ranks
-constexpr size_t kWordNonFinite = 2;  // bitmap (rank mod 32) of ranks with NaN/Inf input
-constexpr size_t kWordRound = 3;      // MAX of the call rounds (aggregator jobs, see below)
-constexpr size_t kWordFields = 4;     // then each field as (v, ~v), 2 + 2 words: under MAX the
+constexpr size_t kWordFailed = 1;     // 2 words: the lowest and highest of those ranks (put_rank)
+constexpr size_t kWordNonFinite = 3;  // 2 words: the lowest and highest rank with NaN/Inf input
+constexpr size_t kWordRound = 5;      // MAX of the call rounds (aggregator jobs, see below)
+constexpr size_t kWordFields = 6;     // then each field as (v, ~v), 2 + 2 words: under MAX the
                                       // pair stays complementary only if every rank has the same v
 constexpr size_t kFieldWords = 4;
 constexpr size_t kInlineStats = kHeaderWords - kWordFields - Engine::kPreludeFields * kFieldWords;
@@ -227,11 +228,19 @@ std::array<Engine::PreludeField, Engine::kPreludeFields> Engine::prelude_fields(
   }};
 }
 
+std::function<void(uint32_t*, size_t)> Engine::naming_exchange() {
+  // A backend where every rank takes part in every exchange can carry one more, of a word per
+  // rank, to name each rank a failure concerns; under partial aggregation a straggler may not be
+  // there for it (then the lowest and highest are named).
+  if (reducer_->partial_results()) return nullptr;
+  return [this](uint32_t* w, size_t n) { reducer_->max_u32(w, n); };
+}
+
 uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
   const uint64_t nb = plan.lay.nblocks;
   const auto fields = prelude_fields(plan);
   std::array<uint32_t, kHeaderWords> hdr{};
-  hdr[kWordNonFinite] = finite ? 0u : (1u << (rank() % 32));
+  if (!finite) put_rank(&hdr[kWordNonFinite], rank());
   hdr[kWordRound] = plan.rng.round;
   for (size_t i = 0; i < fields.size(); ++i) put_field(&hdr[kWordFields + i * kFieldWords], fields[i].value);
   const uint64_t inl = std::min<uint64_t>(nb, kInlineStats);
@@ -240,9 +249,8 @@ uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool fini
   reducer_->max_u32(hdr.data(), kHeaderWords);
   if (hdr[kWordStatus] != 0)
     fail(static_cast<Status>(hdr[kWordStatus]),
-         "rank(s) " + rank_bitmap(hdr[kWordFailed]) + " (bitmap of ranks mod 32) failed this call before exchanging (" +
-             status_text(static_cast<Status>(hdr[kWordStatus])) +
-             "; their own error message says why); nothing was reduced");
+         name_ranks(&hdr[kWordFailed], size(), rank(), 0, hdr[kWordStatus], naming_exchange(), status_word) +
+             " failed this call before exchanging (their own error messages say why); nothing was reduced");
   std::string bad;
   for (size_t i = 0; i < fields.size(); ++i) {
     if (field_agrees(&hdr[kWordFields + i * kFieldWords])) continue;
@@ -252,9 +260,11 @@ uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool fini
   if (!bad.empty())
     fail(Status::kConfigMismatch, "ranks disagree on " + bad + "; this rank: " + plan.cod->describe() +
                                       " count=" + std::to_string(plan.count) + "; nothing was reduced");
-  if (hdr[kWordNonFinite] != 0)
-    fail(Status::kNonFinite, "input contains NaN or Inf (ranks mod 32 bitmap " + rank_bitmap(hdr[kWordNonFinite]) +
-                                 "); nothing was reduced");
+  if (any_rank(&hdr[kWordNonFinite]))
+    fail(Status::kNonFinite, "input contains NaN or Inf on " +
+                                 name_ranks(&hdr[kWordNonFinite], size(), rank(), finite ? 0u : 1u, 1u,
+                                            naming_exchange(), [](uint32_t) { return std::string(); }) +
+                                 "; nothing was reduced");
   // The round seeds the shared RHT signs, which every rank of a call must share: a rank that
   // rejoined an aggregator job takes the job's (the newest).
   const uint32_t round = plan.round_by_max ? hdr[kWordRound] : plan.rng.round;
@@ -267,13 +277,22 @@ uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool fini
 
 void Engine::abort_prelude(Status why) {
   std::array<uint32_t, kHeaderWords> hdr{};
-  hdr[kWordStatus] = static_cast<uint32_t>(why == Status::kSuccess ? Status::kInternal : why);
-  hdr[kWordFailed] = 1u << (rank() % 32);
+  const uint32_t mine = static_cast<uint32_t>(why == Status::kSuccess ? Status::kInternal : why);
+  hdr[kWordStatus] = mine;
+  put_rank(&hdr[kWordFailed], rank());
   try {
     reducer_->max_u32(hdr.data(), kHeaderWords);
+    // The others name the failing ranks next (exchange_prelude): this rank takes part alike.
+    (void)name_ranks(&hdr[kWordFailed], size(), rank(), mine, hdr[kWordStatus], naming_exchange(), status_word);
   } catch (const Error&) {
     // The caller reports its own, first error; a broken backend cannot tell the peers anyway.
   }
+}
+
+void Engine::fail_call(Status why) {
+  // As a call whose plan failed (allreduce): it counts, and the peers fail it with `why`.
+  round_ = round_ + 1;
+  abort_prelude(why);
 }
 
 void Engine::account(const CallPlan& plan, uint64_t wire_total) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -112,6 +113,10 @@ class Engine {
   // Instead of exchange_prelude on a rank whose call failed before it: takes part in the first,
   // fixed-size exchange so that every rank fails the call with `why` instead of waiting.
   void abort_prelude(Status why);
+  // A call (count > 0) that failed before it reached allreduce, on a free communicator (a bad
+  // argument the C API found): counts it and takes part in its first exchange, so that every
+  // rank fails it with `why` and the calls stay paired.
+  void fail_call(Status why);
   // Statistics of a finished call that moved wire_total elements.
   void account(const CallPlan& plan, uint64_t wire_total);
 
@@ -133,6 +138,8 @@ class Engine {
   std::unique_ptr<HostCodec> host_;        // the host path's codec scratch and THC_THREADS workers
 
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
+  // The exchange that names every rank a failure concerns (agreement.h name_ranks), or null.
+  std::function<void(uint32_t*, size_t)> naming_exchange();
 };
 
 }  // namespace thc::engine

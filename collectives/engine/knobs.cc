@@ -29,7 +29,7 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_ALGO", kEnum, algo, "auto", "auto=0|int=1|ps=2", "integer allreduce of values, colocated parameter server of indices, or auto"),
       THC_KNOB("THC_BIDIR", kInt, bidir, "0", nullptr, "1: the colocated PS re-compresses Cnat/Dnat shard sums with Cnat before the allgather"),
       THC_KNOB("THC_SEED", kU64, seed, "0", nullptr, "randomness seed (0: rank 0 draws one)"),
-      THC_KNOB("THC_TIMEOUT_MS", kLong, timeout_ms, "120000", nullptr, "how long a collective waits for peers before failing"),
+      THC_KNOB("THC_TIMEOUT_MS", kLong, timeout_ms, "120000", nullptr, "how long a wait goes without progress before failing (MPI, in-process: no message of its operation arriving or leaving; aggregator: no answer to a datagram); <= 0: no bound on MPI and in-process communicators"),
       THC_KNOB("THC_MIN_BYTES", kLong, min_bytes, "65536", nullptr, "PMPI interposer: compress allreduces of at least this many bytes"),
       THC_KNOB("THC_MPI_ALLREDUCE", kEnum, mpi_allreduce, "off", "off=-1|thc=0|uhc=1|cnat=2|dnat=3", "PMPI interposer: scheme for float SUM allreduces"),
       THC_KNOB("THC_EF", kInt, ef, "1", nullptr, "PMPI interposer: error feedback keyed by (buffer, count, communicator)"),
@@ -52,7 +52,8 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_COLLNET_SCHEME", kEnum, collnet_scheme, "thc", "thc=0|uhc=1|cnat=2|dnat=3", "NCCL plugin: compression of CollNet allreduces (THC, uniform THC, Cnat, natural dithering)"),
       THC_KNOB("THC_THREADS", kInt, threads, "1", nullptr, "host codec threads per rank for prelude, encode and decode (1..256; 1 = the calling thread only, right when ranks share the cores)"),
       THC_KNOB("THC_HIER", kEnum, hier, "auto", "auto=-1|0=0|1=1", "MPI communicators: float reduce-scatter inside each host over shared memory, compressed allreduce across hosts (sharded over the host's ranks), allgather inside the host; auto = on with more than one host and more than one rank on some host, 1 = on with more than one host"),
-      THC_KNOB_STR("THC_HIER_HOSTS", hier_hosts, "", "test aid: emulate hosts for THC_HIER on one machine: sizes of consecutive blocks of MPI_COMM_WORLD ranks (e.g. 2,2 or 3,1) instead of the MPI_COMM_TYPE_SHARED split; empty: the real split"),
+      THC_KNOB_STR("THC_HIER_HOSTS", hier_hosts, "", "test aid: emulate hosts for THC_HIER on one machine: sizes of consecutive blocks of MPI_COMM_WORLD ranks (e.g. 2,2 or 3,1) instead of the real hosts (ranks that share a kernel and a PID namespace); empty: the real hosts"),
+      THC_KNOB("THC_HIER_ARENA_BYTES", kLong, hier_arena_bytes, "268435456", nullptr, "THC_HIER: shared memory per host for the intra-host stage, at most (an anonymous memfd, not /dev/shm); calls larger than it fits stream through it in rounds"),
   };
   return table;
 }

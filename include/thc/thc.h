@@ -14,17 +14,22 @@
  * THC_BIDIR, and the number of calls made so far on the communicator) and looks for NaN/Inf in
  * the input. A disagreement is THC_ERR_CONFIG_MISMATCH on every rank, NaN/Inf is
  * THC_ERR_NONFINITE on every rank, and a rank whose call fails before that exchange (a bad
- * argument, a configuration that overflows) still takes part in it, so every rank fails the call
- * with that rank's status. After these errors nothing was reduced, recvbuf is untouched and the
- * communicator stays usable. A peer that does not answer within THC_TIMEOUT_MS is
- * THC_ERR_TIMEOUT; on an MPI communicator that communicator is then unusable (see thc_mpi.h).
+ * argument such as an unknown datatype, op or scheme, or a thc_state_t in use by another thread;
+ * a configuration that overflows) still takes part in it, so every rank fails the call with that
+ * rank's status, and the call counts on every rank. After these errors nothing was reduced,
+ * recvbuf is untouched and the communicator stays usable; the message names the ranks concerned.
+ * A peer that does not answer is THC_ERR_TIMEOUT once a wait has gone THC_TIMEOUT_MS without
+ * progress (an inactivity bound, not a bound on the call; <= 0: no bound on MPI and in-process
+ * communicators); on an MPI communicator that communicator is then unusable (see thc_mpi.h).
  *
  * Threads: any function may be called from any thread. A thc_comm_t takes one call at a time,
  * like an MPI communicator (whose collectives must come in the same order on every rank anyway):
  * a call made while another thread's call on the same communicator is running fails with
- * THC_ERR_INVALID_ARG instead of racing it, and so does a call with a thc_state_t in use. Calls
- * on different communicators may run concurrently (MPI communicators then need
- * MPI_THREAD_MULTIPLE). thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
+ * THC_ERR_INVALID_ARG on its own thread instead of racing it; it cannot take part in the
+ * collective, so it does not count (the program's error, as concurrent collectives on one MPI
+ * communicator are). A call with a thc_state_t in use by another thread, on a free communicator,
+ * is a bad argument like any other (above). Calls on different communicators may run
+ * concurrently (MPI communicators then need MPI_THREAD_MULTIPLE). thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
  * thc_comm_destroy and thc_state_destroy must not overlap a call on the same object.
  * thc_last_error is per thread.
  */
@@ -106,7 +111,9 @@ typedef struct thc_config {
   int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
   int hier;              /* THC_HIER: hierarchical allreduce on MPI communicators: -1 auto, 0 off, 1 on */
   char hier_hosts[256];  /* THC_HIER_HOSTS: test aid: emulated hosts ("2,2": MPI_COMM_WORLD ranks 0-1 on
-                          * one host, 2-3 on another) instead of MPI_COMM_TYPE_SHARED; "" = the real split */
+                          * one host, 2-3 on another) instead of the real ones; "" = the real split */
+  long hier_arena_bytes; /* THC_HIER_ARENA_BYTES: shared memory per host for THC_HIER's intra-host stage
+                          * (larger calls stream through it in rounds) */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;

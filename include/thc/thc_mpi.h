@@ -13,18 +13,22 @@
  * Ranks may mix host and device buffers in one call.
  *
  * Several ranks per host (THC_HIER, default auto): on a communicator that spans several hosts with
- * more than one rank on some host, calls reduce the floats inside each host over shared memory
- * (MPI_COMM_TYPE_SHARED), run the compressed allreduce across hosts sharded over the host's ranks,
- * and share the result inside the host; thc_comm_create_mpi decides collectively (README,
- * "Several ranks per host").
+ * more than one rank on some host (a host: the ranks that share a kernel and a PID namespace),
+ * calls reduce the floats inside each host over shared memory (an anonymous memfd of at most
+ * THC_HIER_ARENA_BYTES, nothing in /dev/shm), run the compressed allreduce across hosts sharded
+ * over the host's ranks, and share the result inside the host; thc_comm_create_mpi decides
+ * collectively, and runs flat where a host cannot have shared memory (README, "Several ranks per
+ * host").
  *
- * Waits: every MPI wait of thc (communicator creation included) gives up after THC_TIMEOUT_MS
- * (<= 0: no bound, as in MPI) with THC_ERR_TIMEOUT. MPI can neither cancel nor free a started
+ * Waits: every MPI wait of thc (communicator creation included) gives up with THC_ERR_TIMEOUT
+ * after THC_TIMEOUT_MS without progress (<= 0: no bound, as in MPI), and no step blocks in MPI, so
+ * a rank that comes after the others gave up fails too. MPI can neither cancel nor free a started
  * collective: the timed-out operation stays posted, the communicator refuses later calls
  * (THC_ERR_TRANSPORT) and never frees its duplicated MPI communicators (a reused context id
- * would receive the abandoned operation's messages), and if the missing rank joins it later MPI
- * may still write that call's buffers. End the job (MPI_Abort) after a timeout. A timeout in
- * thc_comm_create_mpi leaves a duplication posted on comm itself: comm is out of step too.
+ * would receive the abandoned operation's messages), and the buffers of the abandoned operation
+ * are kept for the life of the process (a late rank's data never land in memory handed back).
+ * End the job (MPI_Abort) after a timeout. A timeout in thc_comm_create_mpi leaves a duplication
+ * posted on comm itself: comm is out of step too.
  */
 #ifndef THC_THC_MPI_H_
 #define THC_THC_MPI_H_
@@ -44,9 +48,15 @@ thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_com
  * An op for THC_Allreduce / CNAT_Allreduce / THC_Allreduce_x on float, double, half and bfloat16;
  * integer types are refused (MPI_ERR_OP). Handed to MPI_Allreduce itself it only sums. */
 MPI_Op THC_MPI_AVG(void);
-/* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). */
+/* 16-bit float types for the MPI-like API (contiguous 2-byte types created on first use). MPI's
+ * own ops do not know them (MPI_ERR_OP): reduce them exactly with THC_MPI_SUM16. */
 MPI_Datatype THC_MPI_FLOAT16(void);
 MPI_Datatype THC_MPI_BFLOAT16(void);
+/* MPI_SUM for THC_MPI_FLOAT16 and THC_MPI_BFLOAT16 (also float and double): a commutative user op,
+ * each element added in float and rounded to the type, NaN and Inf propagating as in an IEEE sum.
+ * Valid after MPI_Init, created on first use. The PMPI interposer hands it to MPI for these types
+ * (the exact redo of a call with NaN/Inf, calls below THC_MIN_BYTES). */
+MPI_Op THC_MPI_SUM16(void);
 
 /* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER / MPI_ERR_OP / MPI_ERR_COUNT with
  * thc_last_error() set) without calling the communicator's error handler; the PMPI interposer

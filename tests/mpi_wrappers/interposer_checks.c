@@ -7,11 +7,16 @@
  *               in opposite orders on neighbouring ranks: no deadlock (a watchdog fails the run)
  *   commfree    a freed communicator's error-feedback residual does not leak into a new
  *               communicator (Open MPI hands out the freed handle again)
+ *   nonfinite16 as nonfinite for THC_MPI_FLOAT16 and THC_MPI_BFLOAT16 (looked up in the preloaded
+ *               library: this program is not linked with thc), where MPI's own MPI_SUM does not
+ *               know the byte-based types; also a call below THC_MIN_BYTES (passed to MPI)
  * Exit status: 0 pass, 1 fail, 77 skipped (MPI_THREAD_MULTIPLE not provided). */
+#include <dlfcn.h>
 #include <math.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +198,101 @@ static int check_commfree(void) {
   return ok;
 }
 
+/* IEEE binary16 and bfloat16 <-> float (round to nearest even), for the reference sums. */
+static float h2f(uint16_t h) {
+  const uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  float v;
+  if (e == 0) v = ldexpf((float)m, -24);
+  else if (e == 31) v = m ? NAN : INFINITY;
+  else v = ldexpf((float)(m | 0x400), (int)e - 25);
+  return s ? -v : v;
+}
+static uint16_t f2h(float f) {
+  if (isnan(f)) return 0x7E00;
+  const uint16_t sign = signbit(f) ? 0x8000 : 0;
+  f = fabsf(f);
+  if (f >= 65520.0f) return sign | 0x7C00;
+  if (f < ldexpf(1.0f, -14)) return sign | (uint16_t)lrintf(ldexpf(f, 24)); /* subnormal, nearest even */
+  int e;
+  const float m = frexpf(f, &e); /* f = m 2^e, m in [0.5, 1) */
+  uint32_t q = (uint32_t)lrintf(ldexpf(m, 11)); /* 11 significant bits */
+  if (q == 2048) { q = 1024; ++e; }
+  if (e + 14 >= 31) return sign | 0x7C00;
+  return sign | (uint16_t)((e + 14) << 10) | (uint16_t)(q & 0x3FF);
+}
+static float b2f(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t f2b(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* One 16-bit type: NaN/Inf in the input of two ranks; MPI_Allreduce(MPI_SUM) must return the
+ * exact sum, rounded once to the type (2 ranks: one addition per element), NaN and Inf where MPI
+ * would put them; and the same for a call too small to compress. */
+static int check16(const char* what, MPI_Datatype dt, float (*to_f)(uint16_t), uint16_t (*from_f)(float), int n) {
+  uint16_t* x = malloc(sizeof(uint16_t) * n);
+  uint16_t* y = malloc(sizeof(uint16_t) * n);
+  float* xf = malloc(sizeof(float) * n);
+  float* ref = malloc(sizeof(float) * n);
+  unsigned s = 13 + rank_;
+  for (int i = 0; i < n; ++i) x[i] = from_f(frand(&s) * 8.0f);
+  if (n > 30) {
+    if (rank_ == 0) {
+      x[10] = from_f(NAN);
+      x[20] = from_f(INFINITY);
+    }
+    if (rank_ == size_ - 1) {
+      x[20] = from_f(-INFINITY);
+      x[30] = from_f(INFINITY);
+    }
+  }
+  for (int i = 0; i < n; ++i) xf[i] = to_f(x[i]);
+  MPI_Allreduce(xf, ref, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* exact in float for two ranks */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  const int rc = MPI_Allreduce(x, y, n, dt, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  int ok = rc == MPI_SUCCESS, wrong = 0;
+  for (int i = 0; ok && i < n; ++i) {
+    const uint16_t want = from_f(ref[i]);
+    if (isnan(ref[i]) ? !isnan(to_f(y[i])) : y[i] != want) ++wrong;
+  }
+  ok = ok && wrong == 0;
+  if (rank_ == 0 || !ok) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (rc != MPI_SUCCESS) MPI_Error_string(rc, text, &len);
+    printf("nonfinite16 %s, %d elements: rc=%d %s, %d elements differ from MPI's sum -> %s\n", what, n, rc, text, wrong,
+           ok ? "ok" : "WRONG");
+  }
+  free(x);
+  free(y);
+  free(xf);
+  free(ref);
+  return ok;
+}
+
+static int check_nonfinite16(void) {
+  MPI_Datatype (*f16)(void) = (MPI_Datatype(*)(void))dlsym(RTLD_DEFAULT, "THC_MPI_FLOAT16");
+  MPI_Datatype (*bf16)(void) = (MPI_Datatype(*)(void))dlsym(RTLD_DEFAULT, "THC_MPI_BFLOAT16");
+  if (!f16 || !bf16) {
+    if (rank_ == 0) printf("nonfinite16: THC_MPI_FLOAT16/BFLOAT16 not found (is libthc_mpi.so preloaded?)\n");
+    return 0;
+  }
+  int ok = 1;
+  ok &= check16("float16", f16(), h2f, f2h, kBig);
+  ok &= check16("bfloat16", bf16(), b2f, f2b, kBig);
+  ok &= check16("float16 below THC_MIN_BYTES", f16(), h2f, f2h, 1000);
+  return ok;
+}
+
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "";
   int provided = MPI_THREAD_SINGLE;
@@ -216,8 +316,15 @@ int main(int argc, char** argv) {
     mine = check_threads();
   } else if (strcmp(what, "commfree") == 0) {
     mine = check_commfree();
+  } else if (strcmp(what, "nonfinite16") == 0) {
+    if (size_ != 2) {
+      if (rank_ == 0) printf("nonfinite16: runs on 2 ranks (the reference is one addition per element)\n");
+      MPI_Finalize();
+      return 2;
+    }
+    mine = check_nonfinite16();
   } else {
-    if (rank_ == 0) fprintf(stderr, "usage: interposer_checks errhandler|nonfinite|threads|commfree\n");
+    if (rank_ == 0) fprintf(stderr, "usage: interposer_checks errhandler|nonfinite|nonfinite16|threads|commfree\n");
     MPI_Finalize();
     return 2;
   }

@@ -429,6 +429,160 @@ TEST(Hier, StatsCountTheCompressedStage) {
   }
 }
 
+// ---- review of issue 12 (MPI path)
+
+// A bad argument on one rank (here an unknown datatype) fails that call on every rank with its
+// status, before anything is reduced, and the call counts: the next call pairs with the peers'
+// next call. (Before, the rank refused it alone: the peers' call was completed by its next one.)
+TEST(Hier, BadArgumentOnOneRankFailsThatCallOnEveryRank) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t c = cfg_for(lay);
+    c.timeout_ms = 3000;  // without the fix the peers' second call waits for a partner that never comes
+    thc_comm_t comm = make(c);
+    const size_t count = 20000;
+    const float one = lay.local_rank(rank()) == 0 ? 1.0f : 0.0f;
+    std::vector<float> x1(count, one), x2(count, 64.0f * one), y1(count, 7.0f), y2(count, 7.0f);
+    const thc_dtype_t dt = rank() == 1 ? static_cast<thc_dtype_t>(42) : THC_FLOAT32;
+    EXPECT_EQ(cnat_allreduce(x1.data(), y1.data(), count, dt, THC_OP_SUM, comm, nullptr), THC_ERR_INVALID_ARG)
+        << lay.str() << ": " << thc_last_error();
+    if (rank() != 1) {
+      EXPECT_NE(std::string(thc_last_error()).find("rank 1 (invalid argument)"), std::string::npos) << thc_last_error();
+    }
+    EXPECT_EQ(y1, std::vector<float>(count, 7.0f)) << lay.str();
+    // Cnat adds the host sums (64 on each host) exactly.
+    EXPECT_EQ(cnat_allreduce(x2.data(), y2.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << lay.str() << ": " << thc_last_error();
+    EXPECT_EQ(y2, std::vector<float>(count, 64.0f * lay.hosts())) << lay.str();
+    thc_comm_destroy(comm);
+  }
+}
+
+// The message of a failure other ranks caused names every one of them, with its status (the
+// ranks were a bitmap combined by MAX: only the highest survived).
+TEST(Hier, MessagesNameEveryFailingRank) {
+  if (world() < 3) GTEST_SKIP() << "needs three ranks";
+  const int a = 1, b = world() - 1;
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t c = cfg_for(lay);
+    if (rank() == b) c.nat_levels = 15;  // THC_ERR_OVERFLOW on rank b (16-bit sums of >= 2 hosts)
+    thc_comm_t comm = make(c);
+    const size_t count = 9000;
+    auto x = gaussian(count, rank());
+    std::vector<float> y(count);
+    const thc_dtype_t dt = rank() == a ? static_cast<thc_dtype_t>(42) : THC_FLOAT32;
+    EXPECT_NE(cnat_allreduce(x.data(), y.data(), count, dt, THC_OP_SUM, comm, nullptr), THC_SUCCESS);
+    if (rank() != a && rank() != b) {
+      const std::string m = thc_last_error();
+      EXPECT_NE(m.find("rank " + std::to_string(a) + " (invalid argument)"), std::string::npos) << lay.str() << ": " << m;
+      EXPECT_NE(m.find("rank " + std::to_string(b) + " (integer sums would overflow)"), std::string::npos) << lay.str() << ": " << m;
+    }
+    if (rank() == 0 || rank() == b) x[17] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(thc_allreduce(x.data(), y.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_ERR_NONFINITE);
+    const std::string m = thc_last_error();
+    EXPECT_NE(m.find("rank 0"), std::string::npos) << lay.str() << ": " << m;
+    EXPECT_NE(m.find("rank " + std::to_string(b)), std::string::npos) << lay.str() << ": " << m;
+    thc_comm_destroy(comm);
+  }
+}
+
+// A call that fails at its second exchange (here: a host sum that overflows float32 in the last
+// slice only) fails every rank before any output is written, and leaves every error-feedback
+// residual as it was: the slices that did go through had advanced theirs.
+TEST(Hier, FailureAfterTheCompressedStageKeepsTheResidual) {
+  for (const Layout& lay : multi_layouts()) {
+    if (lay.sizes[0] < 2 || lay.slices() < 2) continue;
+    thc_comm_t comm = make(cfg_for(lay));
+    thc_state_t ef;
+    thc_state_create(&ef);
+    const size_t count = 4096 * 8;
+    auto x = gaussian(count, 30 + rank());
+    std::vector<float> out(count, 3.0f);
+    ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
+        << thc_last_error();
+    const std::vector<float> residual = ef->ef.residual;
+    std::fill(out.begin(), out.end(), 3.0f);
+    if (lay.host_of(rank()) == 0 && lay.local_rank(rank()) < 2) x[count - 5] = 3e38f;  // the last slice
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_ERR_NONFINITE)
+        << lay.str() << ": " << thc_last_error();
+    EXPECT_EQ(out, std::vector<float>(count, 3.0f)) << lay.str();
+    EXPECT_EQ(ef->ef.residual, residual) << lay.str() << ": rank " << rank() << " (local rank "
+                                         << lay.local_rank(rank()) << ")";
+    x[count - 5] = 1.0f;
+    EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
+        << thc_last_error();
+    thc_state_destroy(ef);
+    thc_comm_destroy(comm);
+  }
+}
+
+// More than the host's shared memory holds (THC_HIER_ARENA_BYTES) streams through it in rounds:
+// the result is bit for bit the one of a call that fits, in place or not, for every dtype, with
+// error feedback, and NaN/Inf or a host sum that overflows still fail every rank before output.
+TEST(Hier, CallsLargerThanTheArenaStreamInRoundsWithTheSameBits) {
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t big = cfg_for(lay), small = cfg_for(lay);
+    small.hier_arena_bytes = 1 << 20;  // ~ 40K floats per slice and rank: several rounds below
+    thc_comm_t a = make(big), b = make(small);
+    const size_t count = 300000 + 17;
+    const auto x = gaussian(count, 60 + rank());
+    for (thc_dtype_t dt : {THC_FLOAT32, THC_BFLOAT16}) {
+      const auto t = thc::capi::to_dtype(dt);
+      std::vector<uint8_t> in(count * thc::engine::dtype_size(t));
+      thc::engine::store_from_float(x.data(), count, t, in.data(), 0);
+      std::vector<uint8_t> ya(in.size()), yb(in.size()), inplace = in;
+      thc_state_t ea, eb;
+      thc_state_create(&ea);
+      thc_state_create(&eb);
+      for (int call = 0; call < 2; ++call) {
+        ASSERT_EQ(thc_allreduce(in.data(), ya.data(), count, dt, THC_OP_AVG, a, ea), THC_SUCCESS) << thc_last_error();
+        ASSERT_EQ(thc_allreduce(in.data(), yb.data(), count, dt, THC_OP_AVG, b, eb), THC_SUCCESS) << thc_last_error();
+        EXPECT_EQ(ya, yb) << lay.str() << " dtype " << dt << " call " << call;
+        EXPECT_EQ(ea->ef.residual, eb->ef.residual) << lay.str();
+      }
+      // (both communicators: their call counts, which seed the randomness, stay equal)
+      std::vector<uint8_t> inplace_a = in;
+      ASSERT_EQ(thc_allreduce(THC_IN_PLACE, inplace_a.data(), count, dt, THC_OP_AVG, a, nullptr), THC_SUCCESS);
+      ASSERT_EQ(thc_allreduce(THC_IN_PLACE, inplace.data(), count, dt, THC_OP_AVG, b, nullptr), THC_SUCCESS);
+      EXPECT_EQ(inplace, inplace_a) << lay.str() << " dtype " << dt << " in place";
+      std::vector<float> got(count);
+      thc::engine::load_as_float(inplace.data(), t, 0, count, nullptr, got.data());
+      EXPECT_LT(nmse(got, exact_sum(x), world()), 0.1) << lay.str();
+      thc_state_destroy(ea);
+      thc_state_destroy(eb);
+    }
+    std::vector<float> bad = x, out(count, 3.0f);
+    if (rank() == world() - 1) bad[count / 2] = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(thc_allreduce(bad.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, b, nullptr), THC_ERR_NONFINITE);
+    EXPECT_EQ(out, std::vector<float>(count, 3.0f));
+    bad = x;
+    if (lay.sizes[0] >= 2 && lay.host_of(rank()) == 0 && lay.local_rank(rank()) < 2) bad[count - 5] = 3e38f;
+    if (lay.sizes[0] >= 2) {
+      EXPECT_EQ(thc_allreduce(bad.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, b, nullptr), THC_ERR_NONFINITE);
+      EXPECT_EQ(out, std::vector<float>(count, 3.0f));
+    }
+    thc_comm_destroy(a);
+    thc_comm_destroy(b);
+  }
+}
+
+// THC_HIER=auto where /dev/shm is small (Docker's default is 64 MB; the ctest entry mounts 8 MB
+// over it in a mount namespace of its own): the call the flat engine does must be done. The
+// shared memory of 2 ranks for 2^20 floats is 3 x 4 MB.
+TEST(Hier, SmallDevShmDoesNotFailCalls) {
+  if (!std::getenv("THC_TEST_SMALL_SHM")) GTEST_SKIP() << "runs in its own mount namespace: tests/mpi_wrappers/private_shm.sh";
+  for (const Layout& lay : multi_layouts()) {
+    thc_comm_t comm = make(cfg_for(lay));
+    ASSERT_EQ(hier_hosts(comm), lay.hosts());
+    const size_t count = size_t{1} << 20;
+    const auto x = gaussian(count, 70 + rank());
+    std::vector<float> y(count);
+    ASSERT_EQ(thc_allreduce(x.data(), y.data(), count, THC_FLOAT32, THC_OP_SUM, comm, nullptr), THC_SUCCESS)
+        << lay.str() << ": " << thc_last_error();
+    EXPECT_LT(nmse(y, exact_sum(x)), 0.1);
+    thc_comm_destroy(comm);
+  }
+}
+
 // A peer that never calls: every wait is bounded by THC_TIMEOUT_MS; the communicator then
 // refuses later calls. Its own ctest entry (the abandoned operations stay with MPI).
 TEST(Hier, PeerThatNeverCallsGivesTimeout) {

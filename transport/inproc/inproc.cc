@@ -60,9 +60,14 @@ class InprocGroup {
   void complete(uint64_t seq, Fn fn) {
     std::unique_lock<std::mutex> lk(mu_);
     OpSlot& s = ops_.at(seq);
-    if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms_), [&] { return s.arrived == size_ || mismatch_; }))
+    auto all_in = [&] { return s.arrived == size_ || mismatch_; };
+    // THC_TIMEOUT_MS <= 0: no bound, as for the schedules and MPI (not "do not wait").
+    if (timeout_ms_ <= 0) {
+      cv_.wait(lk, all_in);
+    } else if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms_), all_in)) {
       fail(Status::kTimeout, "inproc: peers did not join collective #" + std::to_string(seq) + " within " +
-                                 std::to_string(timeout_ms_) + " ms");
+                                 std::to_string(timeout_ms_) + " ms (THC_TIMEOUT_MS)");
+    }
     if (mismatch_) fail(Status::kConfigMismatch, "inproc: ranks started different collectives");
     lk.unlock();
     fn(s);  // read-only on deposits; results go to the caller's buffers

@@ -50,12 +50,32 @@ class MpiLink final : public Link {
     THC_CHECK_MPI(PMPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     THC_CHECK_MPI(PMPI_Comm_rank(comm_, &rank_));
     THC_CHECK_MPI(PMPI_Comm_size(comm_, &size_));
-    void* ub = nullptr;
-    int flag = 0;
-    THC_CHECK_MPI(PMPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag));
-    if (flag && ub) tag_limit_ = static_cast<uint32_t>(std::max(*static_cast<int*>(ub), 32767)) + 1u;
+    tag_limit_ = tag_ub(comm_) + 1u;
+  }
+  // A group of ranks of a shared duplicate (make_mpi_group_reducer).
+  MpiLink(std::shared_ptr<MpiSharedComm> shared, std::vector<int> members, long timeout_ms)
+      : timeout_ms_(timeout_ms), shared_(std::move(shared)), members_(std::move(members)) {
+    comm_ = shared_->comm;
+    int me = -1, n = 0;
+    THC_CHECK_MPI(PMPI_Comm_rank(comm_, &me));
+    THC_CHECK_MPI(PMPI_Comm_size(comm_, &n));
+    rank_ = -1;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i] < 0 || members_[i] >= n)
+        fail(Status::kInternal, "MPI backend: group member " + std::to_string(members_[i]) + " outside the communicator");
+      if (members_[i] == me) rank_ = static_cast<int>(i);
+    }
+    if (rank_ < 0) fail(Status::kInternal, "MPI backend: this rank is not a member of its group");
+    size_ = static_cast<int>(members_.size());
+    // The top tag is the MAX's; the schedules use the ones below it.
+    max_tag_ = static_cast<int>(tag_ub(comm_));
+    tag_limit_ = tag_ub(comm_);
   }
   ~MpiLink() override {
+    if (shared_) {
+      if (abandoned_) shared_->abandoned = true;
+      return;  // the duplicate is the holders' (MpiSharedComm)
+    }
     int finalized = 0;
     PMPI_Finalized(&finalized);
     // After an abandoned operation the duplicate is kept: freed, its context id would be reused
@@ -71,20 +91,20 @@ class MpiLink final : public Link {
   uint32_t tag_limit() const override { return tag_limit_; }
 
   void max_u32(uint32_t* data, size_t n) override {
+    if (!members_.empty()) return group_max(data, n);
     // MPI works on a buffer of its own: if a peer never comes, the operation is abandoned with
     // it, not with the caller's memory.
     std::vector<uint8_t> buf(n * 4 + 1);
     std::memcpy(buf.data(), data, n * 4);
     uint32_t* w = reinterpret_cast<uint32_t*>(buf.data());
-    const auto until = deadline();
     constexpr uint64_t kMaxPiece = uint64_t{1} << 30;  // MPI counts are int
     for (uint64_t off = 0; off < n; off += kMaxPiece) {
       const int c = static_cast<int>(std::min<uint64_t>(kMaxPiece, n - off));
       MPI_Request req = MPI_REQUEST_NULL;
       const int rc = PMPI_Iallreduce(MPI_IN_PLACE, w + off, c, MPI_UINT32_T, MPI_MAX, comm_, &req);
       if (rc != MPI_SUCCESS) fail(Status::kTransport, "MPI backend: MPI_Iallreduce (MAX) failed: " + mpi_error_text(rc));
-      if (!wait_until(&req, until)) {
-        abandoned_ = true;
+      if (!wait_until(&req, deadline())) {
+        abandon();
         keep_forever(std::move(buf));
         fail(Status::kTimeout, "MPI backend: MAX of the prelude (MPI_Iallreduce): a peer did not take part within " +
                                    std::to_string(timeout_ms_) + " ms (THC_TIMEOUT_MS)");
@@ -95,14 +115,14 @@ class MpiLink final : public Link {
 
   void isend(int peer, uint32_t tag, const void* buf, size_t bytes, Req* req) override {
     MPI_Request r = MPI_REQUEST_NULL;
-    const int rc = PMPI_Isend(buf, count_of(bytes), MPI_BYTE, peer, static_cast<int>(tag), comm_, &r);
+    const int rc = PMPI_Isend(buf, count_of(bytes), MPI_BYTE, at(peer), static_cast<int>(tag), comm_, &r);
     if (rc != MPI_SUCCESS)
       fail(Status::kTransport, "MPI backend: MPI_Isend to rank " + std::to_string(peer) + " failed: " + mpi_error_text(rc));
     *req = to_req(r);
   }
   void irecv(int peer, uint32_t tag, void* buf, size_t bytes, Req* req) override {
     MPI_Request r = MPI_REQUEST_NULL;
-    const int rc = PMPI_Irecv(buf, count_of(bytes), MPI_BYTE, peer, static_cast<int>(tag), comm_, &r);
+    const int rc = PMPI_Irecv(buf, count_of(bytes), MPI_BYTE, at(peer), static_cast<int>(tag), comm_, &r);
     if (rc != MPI_SUCCESS)
       fail(Status::kTransport, "MPI backend: MPI_Irecv from rank " + std::to_string(peer) + " failed: " + mpi_error_text(rc));
     *req = to_req(r);
@@ -129,7 +149,7 @@ class MpiLink final : public Link {
     return outcount;
   }
   bool cancel(Req* req) override {
-    abandoned_ = true;
+    abandon();
     MPI_Request r = from_req(*req);
     if (r == MPI_REQUEST_NULL) return true;
     PMPI_Cancel(&r);
@@ -155,6 +175,18 @@ class MpiLink final : public Link {
       fail(Status::kInvalidArgument, "MPI backend: a message of " + std::to_string(bytes) + " bytes exceeds MPI's int counts");
     return static_cast<int>(bytes);
   }
+  // MPI_TAG_UB (at least 32767, as MPI guarantees).
+  static uint32_t tag_ub(MPI_Comm c) {
+    void* ub = nullptr;
+    int flag = 0;
+    THC_CHECK_MPI(PMPI_Comm_get_attr(c, MPI_TAG_UB, &ub, &flag));
+    return static_cast<uint32_t>(flag && ub ? std::max(*static_cast<int*>(ub), 32767) : 32767);
+  }
+  int at(int peer) const { return members_.empty() ? peer : members_[static_cast<size_t>(peer)]; }
+  void abandon() {
+    abandoned_ = true;
+    if (shared_) shared_->abandoned = true;
+  }
   Clock::time_point deadline() const { return mpi_deadline(timeout_ms_); }
   // Polls req until it completes (true) or the deadline passes (false); an MPI error throws.
   bool wait_until(MPI_Request* req, Clock::time_point until) {
@@ -164,8 +196,72 @@ class MpiLink final : public Link {
       case MpiWait::kTimeout: return false;
       case MpiWait::kError: break;
     }
-    abandoned_ = true;
+    abandon();
     fail(Status::kTransport, "MPI backend: " + mpi_error_text(rc));
+  }
+  // Each request within THC_TIMEOUT_MS of the previous completion (a bound on inactivity). On a
+  // failure the buffers stay parked (MPI may still read or write them) and the link is abandoned.
+  void wait_all(std::vector<MPI_Request>& reqs, std::vector<std::vector<uint8_t>*> bufs, const std::string& what) {
+    for (MPI_Request& r : reqs) {
+      bool ok = false;
+      try {
+        ok = wait_until(&r, deadline());
+      } catch (const Error&) {
+        for (auto* b : bufs) keep_forever(std::move(*b));
+        throw;
+      }
+      if (ok) continue;
+      abandon();
+      for (auto* b : bufs) keep_forever(std::move(*b));
+      fail(Status::kTimeout, "MPI backend: " + what + ": a peer did not take part within " + std::to_string(timeout_ms_) +
+                                 " ms (THC_TIMEOUT_MS)");
+    }
+  }
+  // The MAX of a group: every member's words to members[0], the result back to each.
+  void group_max(uint32_t* data, size_t n) {
+    if (size_ == 1 || n == 0) return;
+    if (n > static_cast<size_t>(INT_MAX)) fail(Status::kInvalidArgument, "MPI backend: MAX of more than INT_MAX words");
+    const int c = static_cast<int>(n);
+    const size_t bytes = n * 4;
+    std::vector<MPI_Request> reqs;
+    // A failure to post leaves the operations posted before it live: their buffers stay parked.
+    auto post = [&](int rc, const char* call, std::vector<std::vector<uint8_t>*> bufs) {
+      if (rc == MPI_SUCCESS) return;
+      abandon();
+      for (auto* b : bufs) keep_forever(std::move(*b));
+      fail(Status::kTransport, std::string("MPI backend: ") + call + " (MAX of a group) failed: " + mpi_error_text(rc));
+    };
+    if (rank_ == 0) {
+      std::vector<uint8_t> in(static_cast<size_t>(size_ - 1) * bytes);
+      reqs.resize(static_cast<size_t>(size_ - 1), MPI_REQUEST_NULL);
+      for (int m = 1; m < size_; ++m)
+        post(PMPI_Irecv(in.data() + static_cast<size_t>(m - 1) * bytes, c, MPI_UINT32_T, at(m), max_tag_, comm_,
+                        &reqs[static_cast<size_t>(m - 1)]),
+             "MPI_Irecv", {&in});
+      wait_all(reqs, {&in}, "MAX of a group (gather)");
+      for (int m = 1; m < size_; ++m) {
+        const uint8_t* p = in.data() + static_cast<size_t>(m - 1) * bytes;
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t v;
+          std::memcpy(&v, p + i * 4, 4);
+          data[i] = std::max(data[i], v);
+        }
+      }
+      std::vector<uint8_t> out(bytes);
+      std::memcpy(out.data(), data, bytes);
+      for (int m = 1; m < size_; ++m)
+        post(PMPI_Isend(out.data(), c, MPI_UINT32_T, at(m), max_tag_, comm_, &reqs[static_cast<size_t>(m - 1)]),
+             "MPI_Isend", {&out});
+      wait_all(reqs, {&out}, "MAX of a group (result)");
+      return;
+    }
+    std::vector<uint8_t> out(bytes), in(bytes);
+    std::memcpy(out.data(), data, bytes);
+    reqs.resize(2, MPI_REQUEST_NULL);
+    post(PMPI_Isend(out.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[0]), "MPI_Isend", {&out, &in});
+    post(PMPI_Irecv(in.data(), c, MPI_UINT32_T, at(0), max_tag_, comm_, &reqs[1]), "MPI_Irecv", {&out, &in});
+    wait_all(reqs, {&out, &in}, "MAX of a group");
+    std::memcpy(data, in.data(), bytes);
   }
   // A nonblocking duplicate, so that a rank that never creates its communicator makes the
   // others fail within THC_TIMEOUT_MS instead of waiting forever.
@@ -173,6 +269,9 @@ class MpiLink final : public Link {
 
   long timeout_ms_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<MpiSharedComm> shared_;  // group links: the duplicate they share
+  std::vector<int> members_;               // group links: the communicator's rank of each link rank
+  int max_tag_ = 0;
   int rank_ = 0, size_ = 1;
   uint32_t tag_limit_ = 32768;
   bool abandoned_ = false;
@@ -188,6 +287,18 @@ std::unique_ptr<Link> make_mpi_link(MPI_Comm comm, long timeout_ms) {
 
 std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm, long timeout_ms) {
   return make_scheduled_reducer(make_mpi_link(comm, timeout_ms));
+}
+
+MpiSharedComm::~MpiSharedComm() {
+  int finalized = 0;
+  PMPI_Finalized(&finalized);
+  if (!finalized && !abandoned && comm != MPI_COMM_NULL) PMPI_Comm_free(&comm);
+}
+
+std::unique_ptr<Reducer> make_mpi_group_reducer(std::shared_ptr<MpiSharedComm> shared, std::vector<int> members,
+                                                long timeout_ms) {
+  if (!shared || members.empty()) fail(Status::kInternal, "make_mpi_group_reducer: no communicator or no members");
+  return make_scheduled_reducer(std::make_unique<MpiLink>(std::move(shared), std::move(members), timeout_ms));
 }
 
 }  // namespace thc::transport

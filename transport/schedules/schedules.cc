@@ -67,16 +67,22 @@ class Sched : public Request {
     return done_;
   }
 
+  // THC_TIMEOUT_MS bounds the time without progress (no message of this operation completing),
+  // not the operation: a transfer that keeps moving is never cut short, a peer that stops is
+  // given up on within the bound.
   void wait() override {
     if (done_) return;
     const long tmo = link_->timeout_ms();
-    const Clock::time_point until =
-        tmo > 0 ? Clock::now() + std::chrono::milliseconds(tmo) : Clock::time_point::max();
+    auto deadline = [tmo](Clock::time_point from) {
+      return tmo > 0 ? from + std::chrono::milliseconds(tmo) : Clock::time_point::max();
+    };
     Clock::time_point last = Clock::now();
+    Clock::time_point until = deadline(last);
     uint64_t nap = 0;
     while (!done_) {
       if (progress() > 0) {
         last = Clock::now();
+        until = deadline(last);
         nap = 0;
         continue;
       }
@@ -111,25 +117,25 @@ class Sched : public Request {
   struct Posted {
     Act act;
     int peer;
-    uint32_t index;  // the schedule's own numbering of the message
+    uint64_t index;  // the schedule's own numbering of the message
   };
   struct Send {
     int peer;
     uint32_t tag;
     const uint8_t* buf;
     size_t bytes;
-    uint32_t index;
+    uint64_t index;
   };
 
   // The schedule's reactions; each may queue sends (send()).
-  virtual void on_recv(Act act, int peer, uint32_t index) = 0;
-  virtual void on_send_done(uint32_t index) { (void)index; }
+  virtual void on_recv(Act act, int peer, uint64_t index) = 0;
+  virtual void on_send_done(uint64_t index) { (void)index; }
   // True once every piece of the result is in place (sends may still be in flight).
   virtual bool result_ready() const = 0;
   // Buffers the link may touch, parked if the link cannot let go of them.
   virtual void park() = 0;
 
-  void post_recv(Act act, int peer, uint32_t tag, uint8_t* buf, size_t bytes, uint32_t index) {
+  void post_recv(Act act, int peer, uint32_t tag, uint8_t* buf, size_t bytes, uint64_t index) {
     reqs_.push_back(Link::kNullReq);
     posted_.push_back(Posted{act, peer, index});
     ++pending_;
@@ -139,7 +145,7 @@ class Sched : public Request {
       abandon(e.status(), e.what());
     }
   }
-  void send(int peer, uint32_t tag, const uint8_t* buf, size_t bytes, uint32_t index, bool urgent = false) {
+  void send(int peer, uint32_t tag, const uint8_t* buf, size_t bytes, uint64_t index, bool urgent = false) {
     if (urgent) {
       urgent_.push_back(Send{peer, tag, buf, bytes, index});
     } else {
@@ -333,7 +339,7 @@ class PsSum final : public Sched {
     const uint64_t c = pieces_[q][k].count;
     return down_ ? down_->encoded_bytes(c) : c * w_;
   }
-  void on_recv(Act act, int peer, uint32_t index) override {
+  void on_recv(Act act, int peer, uint64_t index) override {
     (void)peer;
     if (act == Act::kRecvA) {
       if (++arrived_[index] == n_ - 1) {
@@ -402,55 +408,52 @@ class PsSum final : public Sched {
 // neighbour in the order the neighbour posted its receives: step by step, piece by piece within a
 // step (a cursor per phase; a send waits for its predecessors). Receives may complete in any
 // order; each is acted upon at once.
+//
+// Nothing is kept per step: segment boundaries are computed, and the flags and receive buffers
+// are laid out by element position (each step handles a different segment), so a rank's state is
+// O(pieces + n) small words. A message is numbered (step, piece) in 32 + 32 bits; the tags carry
+// only the operation and the phase, so MPI_TAG_UB bounds the operations in flight, never the
+// number of ranks.
 class RingSum final : public Sched {
  public:
   RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type)
       : Sched(std::move(sh), "integer sum (ring reduce-scatter + allgather)"), n_(link().size()), r_(link().rank()),
-        data_(static_cast<uint8_t*>(data)), count_(count), type_(type), w_(codec::int_size(type)) {
-    const uint64_t pe = std::max<uint64_t>(1, opt().piece_bytes / w_);
-    seg_.resize(n_);
-    for (int i = 0; i < n_; ++i)
-      seg_[i] = cut(count * static_cast<uint64_t>(i) / n_, count * static_cast<uint64_t>(i + 1) / n_, pe);
+        data_(static_cast<uint8_t*>(data)), count_(count), type_(type), w_(codec::int_size(type)),
+        pe_(std::max<uint64_t>(1, opt().piece_bytes / w_)) {
     if (n_ == 1) {
       finish_now();
       return;
     }
+    if (count / pe_ >= (uint64_t{1} << 32))
+      fail(Status::kInvalidArgument, "integer sum: " + std::to_string(count) + " elements make more than 2^32 pieces");
     work_.assign(data_, data_ + count * w_);
+    tmp_.resize(count * w_ + 1);
     out_.resize(count * w_ + 1);
-    left_ = (r_ - 1 + n_) % n_;
-    right_ = (r_ + 1) % n_;
+    rs_ready_.assign(count / pe_ + static_cast<uint64_t>(n_) + 1, 0);
+    ag_ready_.assign(rs_ready_.size(), 0);
+    left_ = mod(r_ - 1);
+    right_ = mod(r_ + 1);
     // Reduce-scatter: at step s this rank sends segment r-s (its partial sum so far) and receives
-    // segment r-s-1, which it adds and forwards at step s+1. Receives land in buffers of their own
-    // (the running sums stay in work_).
-    uint64_t tmp_total = 0;
-    tmp_off_.resize(n_ - 1);
-    rs_ready_.resize(n_ - 1);
-    ag_ready_.resize(n_ - 1);
+    // segment r-s-1, which it adds and forwards at step s+1. Receives land in a buffer of their own
+    // (the running sums stay in work_), at the segment's place.
     for (int s = 0; s < n_ - 1; ++s) {
-      const std::vector<Piece>& ps = seg_[mod(r_ - s - 1)];
-      for (const Piece& p : ps) {
-        tmp_off_[s].push_back(tmp_total);
-        tmp_total += p.count * w_;
+      const int j = mod(r_ - s - 1);
+      for (uint64_t k = 0; k < pieces(j); ++k) {
+        const Piece p = piece(j, k);
+        post_recv(Act::kRecvA, left_, tag(0), tmp_.data() + p.first * w_, p.count * w_, msg(s, k));
       }
-      rs_ready_[s].assign(seg_[mod(r_ - s)].size(), s == 0 ? 1 : 0);
-      ag_ready_[s].assign(seg_[mod(r_ + 1 - s)].size(), 0);
-    }
-    tmp_.resize(tmp_total + 1);
-    for (int s = 0; s < n_ - 1; ++s) {
-      const std::vector<Piece>& ps = seg_[mod(r_ - s - 1)];
-      for (size_t k = 0; k < ps.size(); ++k)
-        post_recv(Act::kRecvA, left_, tag(0), tmp_.data() + tmp_off_[s][k], ps[k].count * w_, index(s, k));
     }
     // Allgather: at step s this rank sends segment r+1-s (its own reduced one first) and receives
     // segment r-s into out_, which it forwards at step s+1.
     for (int s = 0; s < n_ - 1; ++s) {
-      const std::vector<Piece>& ps = seg_[mod(r_ - s)];
-      for (size_t k = 0; k < ps.size(); ++k) {
-        post_recv(Act::kRecvB, left_, tag(1), out_.data() + ps[k].first * w_, ps[k].count * w_, index(s, k));
+      const int j = mod(r_ - s);
+      for (uint64_t k = 0; k < pieces(j); ++k) {
+        const Piece p = piece(j, k);
+        post_recv(Act::kRecvB, left_, tag(1), out_.data() + p.first * w_, p.count * w_, msg(s, k));
         ++ag_need_;
       }
     }
-    own_need_ = seg_[mod(r_ + 1)].size();
+    own_need_ = pieces(mod(r_ + 1));
     advance();
     maybe_copy();
     finish_now();
@@ -460,25 +463,38 @@ class RingSum final : public Sched {
 
  private:
   int mod(int v) const { return ((v % n_) + n_) % n_; }
-  static uint32_t index(int s, size_t k) { return static_cast<uint32_t>(s) << 20 | static_cast<uint32_t>(k); }
-  void on_recv(Act act, int peer, uint32_t idx) override {
+  // Segment i is [count i / n, count (i + 1) / n), cut into pieces of pe_ elements.
+  uint64_t seg_first(int i) const {
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(count_) * static_cast<unsigned>(i) / static_cast<unsigned>(n_));
+  }
+  uint64_t pieces(int j) const { return (seg_first(j + 1) - seg_first(j) + pe_ - 1) / pe_; }
+  Piece piece(int j, uint64_t k) const {
+    const uint64_t f = seg_first(j) + k * pe_;
+    return Piece{f, std::min(pe_, seg_first(j + 1) - f)};
+  }
+  // A flag per piece: piece k of segment j at seg_first(j) / pe + k + j (a segment's pieces take
+  // consecutive slots, each segment's first beyond the previous one's last).
+  size_t slot(int j, uint64_t k) const { return static_cast<size_t>(seg_first(j) / pe_ + k + static_cast<uint64_t>(j)); }
+  static uint64_t msg(int s, uint64_t k) { return static_cast<uint64_t>(s) << 32 | k; }
+  void on_recv(Act act, int peer, uint64_t idx) override {
     (void)peer;
-    const int s = static_cast<int>(idx >> 20);
-    const size_t k = idx & 0xFFFFF;
+    const int s = static_cast<int>(idx >> 32);
+    const uint64_t k = idx & 0xFFFFFFFFu;
     if (act == Act::kRecvA) {
-      const Piece& p = seg_[mod(r_ - s - 1)][k];
-      add_ints(type_, work_.data() + p.first * w_, tmp_.data() + tmp_off_[s][k], p.count);
+      const int j = mod(r_ - s - 1);
+      const Piece p = piece(j, k);
+      add_ints(type_, work_.data() + p.first * w_, tmp_.data() + p.first * w_, p.count);
       if (s + 1 < n_ - 1) {
-        rs_ready_[s + 1][k] = 1;
+        rs_ready_[slot(j, k)] = 1;  // forwarded at step s + 1
       } else {
         // Segment r+1 is complete here: this rank's result for it, and the allgather's first send.
         std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
-        ag_ready_[0][k] = 1;
+        ag_ready_[slot(j, k)] = 1;
         ++own_done_;
       }
     } else {
       ++ag_got_;
-      if (s + 1 < n_ - 1) ag_ready_[s + 1][k] = 1;
+      if (s + 1 < n_ - 1) ag_ready_[slot(mod(r_ - s), k)] = 1;
     }
     advance();
     maybe_copy();
@@ -493,24 +509,26 @@ class RingSum final : public Sched {
   // Queues the sends whose turn has come, in the order the right neighbour receives them.
   void advance() {
     while (rs_s_ < n_ - 1) {
-      if (rs_k_ == rs_ready_[rs_s_].size()) {
+      const int j = mod(r_ - rs_s_);
+      if (rs_k_ == pieces(j)) {
         ++rs_s_;
         rs_k_ = 0;
         continue;
       }
-      if (!rs_ready_[rs_s_][rs_k_]) break;
-      const Piece& p = seg_[mod(r_ - rs_s_)][rs_k_];
+      if (rs_s_ != 0 && !rs_ready_[slot(j, rs_k_)]) break;
+      const Piece p = piece(j, rs_k_);
       send(right_, tag(0), work_.data() + p.first * w_, p.count * w_, 0);
       ++rs_k_;
     }
     while (ag_s_ < n_ - 1) {
-      if (ag_k_ == ag_ready_[ag_s_].size()) {
+      const int j = mod(r_ + 1 - ag_s_);
+      if (ag_k_ == pieces(j)) {
         ++ag_s_;
         ag_k_ = 0;
         continue;
       }
-      if (!ag_ready_[ag_s_][ag_k_]) break;
-      const Piece& p = seg_[mod(r_ + 1 - ag_s_)][ag_k_];
+      if (!ag_ready_[slot(j, ag_k_)]) break;
+      const Piece p = piece(j, ag_k_);
       send(right_, tag(1), out_.data() + p.first * w_, p.count * w_, 0, /*urgent=*/true);
       ++ag_k_;
     }
@@ -527,14 +545,13 @@ class RingSum final : public Sched {
   uint64_t count_;
   IntType type_;
   size_t w_;
+  uint64_t pe_;
   int left_ = 0, right_ = 0;
-  std::vector<std::vector<Piece>> seg_;
-  std::vector<std::vector<uint64_t>> tmp_off_;
-  std::vector<std::vector<char>> rs_ready_, ag_ready_;
+  std::vector<char> rs_ready_, ag_ready_;
   int rs_s_ = 0, ag_s_ = 0;
-  size_t rs_k_ = 0, ag_k_ = 0;
+  uint64_t rs_k_ = 0, ag_k_ = 0;
   std::vector<uint8_t> work_, tmp_, out_;
-  size_t own_done_ = 0, own_need_ = 0;
+  uint64_t own_done_ = 0, own_need_ = 0;
   uint64_t ag_got_ = 0, ag_need_ = 0;
   bool copied_ = false;
 };

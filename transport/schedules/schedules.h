@@ -18,6 +18,9 @@
 // the link may still touch are kept for the life of the process. After a failure the reducer
 // refuses further operations (the ranks are out of step).
 //
+// A wait gives up after THC_TIMEOUT_MS (the link's timeout_ms) in which no message of its operation
+// completed: an inactivity bound, so a long operation that keeps moving is never cut short.
+//
 // Waiting does not spin: ranks may share cores (4 ranks on 2 here), and a busy-polling rank
 // takes the CPU its peers need to encode. A wait polls for up to ~50 us after the last
 // completion, then sleeps in growing steps up to 200 us (at 1 Gbit/s, 25 KB of wire time; the

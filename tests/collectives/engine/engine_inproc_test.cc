@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/capi/capi.h"
 #include "collectives/engine/dtype.h"
 #include "thc/thc.h"
 
@@ -499,6 +500,176 @@ TEST(Engine, BidirectionalCnatIsUnbiasedAndCloseToExact) {
   ASSERT_EQ(st[0], THC_SUCCESS) << thc_last_error();
   // Two Cnat stages: at most (1 + 1/8)^2 - 1 relative variance, far less after averaging n.
   EXPECT_LT(nmse(out, exact), 0.27);
+}
+
+}  // namespace
+
+// ---- review of issue 12 (MPI path): the C API's argument checks, naming failing ranks, and
+// THC_TIMEOUT_MS <= 0 on in-process communicators.
+namespace {
+
+// thc.h: a rank whose call fails before the first exchange still takes part in it, so every rank
+// fails that call with that rank's status and the call counts on every rank. An unknown dtype, op
+// or scheme, or an error-feedback state in use by another thread, are such failures (the
+// communicator itself is free, so the call can take part); before, the C API refused them before
+// the engine saw the call: the peers' call was then completed by that rank's next call (a sum of
+// two different calls), and their next call waited for a partner that never came.
+TEST(Engine, BadArgumentOnOneRankFailsThatCallOnEveryRankAndCounts) {
+  setenv("THC_TIMEOUT_MS", "3000", 1);  // the group's bound (without the fix the peer's second call times out)
+  const size_t count = 3000;
+  struct Bad {
+    const char* what;
+    std::function<thc_status_t(const float*, float*, thc_comm_t, thc_state_t)> call;
+  };
+  const std::vector<Bad> bads = {
+      {"dtype", [&](const float* x, float* y, thc_comm_t c, thc_state_t) {
+         return thc_allreduce_scheme(THC_SCHEME_CNAT, x, y, count, static_cast<thc_dtype_t>(99), THC_OP_SUM, c, nullptr);
+       }},
+      {"op", [&](const float* x, float* y, thc_comm_t c, thc_state_t) {
+         return thc_allreduce_scheme(THC_SCHEME_CNAT, x, y, count, THC_FLOAT32, static_cast<thc_op_t>(7), c, nullptr);
+       }},
+      {"scheme", [&](const float* x, float* y, thc_comm_t c, thc_state_t) {
+         return thc_allreduce_scheme(static_cast<thc_scheme_t>(9), x, y, count, THC_FLOAT32, THC_OP_SUM, c, nullptr);
+       }},
+      {"busy state", [&](const float* x, float* y, thc_comm_t c, thc_state_t ef) {
+         ef->busy.store(true);  // as while another thread's call (on another communicator) uses it
+         const thc_status_t s = thc_allreduce_scheme(THC_SCHEME_CNAT, x, y, count, THC_FLOAT32, THC_OP_SUM, c, ef);
+         ef->busy.store(false);
+         return s;
+       }},
+  };
+  for (const Bad& bad : bads) {
+    const int n = 3;
+    std::vector<std::vector<float>> first(n), second(n);
+    std::vector<thc_status_t> st1(n, THC_SUCCESS);
+    auto st = run_workers(n, base_config(), [&](int r, thc_comm_t comm) {
+      thc_state_t ef;
+      thc_state_create(&ef);
+      // Cnat adds powers of two exactly: 1 + 1 + 1 = 3 and 64 * 3 = 192 tell the calls apart.
+      std::vector<float> x1(count, 1.0f), x2(count, 64.0f);
+      first[r].assign(count, 7.0f);
+      second[r].assign(count, 7.0f);
+      st1[r] = r == 1 ? bad.call(x1.data(), first[r].data(), comm, ef)
+                      : thc_allreduce_scheme(THC_SCHEME_CNAT, x1.data(), first[r].data(), count, THC_FLOAT32,
+                                             THC_OP_SUM, comm, nullptr);
+      const thc_status_t s2 = thc_allreduce_scheme(THC_SCHEME_CNAT, x2.data(), second[r].data(), count, THC_FLOAT32,
+                                                   THC_OP_SUM, comm, nullptr);
+      thc_state_destroy(ef);
+      return s2;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(st1[r], THC_ERR_INVALID_ARG) << bad.what << ": rank " << r;
+      EXPECT_EQ(first[r], std::vector<float>(count, 7.0f)) << bad.what << ": rank " << r << " output touched";
+      EXPECT_EQ(st[r], THC_SUCCESS) << bad.what << ": rank " << r << "'s next call";
+      EXPECT_EQ(second[r], std::vector<float>(count, 192.0f)) << bad.what << ": rank " << r << "'s next call";
+    }
+  }
+  unsetenv("THC_TIMEOUT_MS");
+}
+
+// A second thread's call on a busy communicator cannot take part in the exchange (it belongs to
+// the call in progress): it is refused on its own thread and does not count, so the peers' calls
+// stay paired with this rank's calls in the order they were made.
+TEST(Engine, RefusedCallOnABusyCommunicatorDoesNotCount) {
+  setenv("THC_TIMEOUT_MS", "20000", 1);
+  thc_inproc_group_t g;
+  ASSERT_EQ(thc_inproc_group_create(2, &g), THC_SUCCESS);
+  unsetenv("THC_TIMEOUT_MS");
+  const thc_config_t cfg = base_config();
+  thc_comm_t comm[2];
+  std::thread c1([&] { EXPECT_EQ(thc_comm_create_inproc(g, 1, &cfg, &comm[1]), THC_SUCCESS); });
+  ASSERT_EQ(thc_comm_create_inproc(g, 0, &cfg, &comm[0]), THC_SUCCESS);
+  c1.join();
+  std::atomic<bool> refused{false};
+  thc_status_t a0 = THC_ERR_INTERNAL, b0 = THC_ERR_INTERNAL, a1 = THC_ERR_INTERNAL, b1 = THC_ERR_INTERNAL;
+  std::vector<float> x(4096, 1.0f), ya(4096), yb(4096), za(4096), zb(4096);
+  std::thread first([&] {
+    a0 = cnat_allreduce(x.data(), ya.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr);
+    b0 = cnat_allreduce(x.data(), yb.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr);
+  });
+  std::thread intruder([&] {
+    // rank 0's first call is in progress (its peer has not called yet): busy
+    while (!comm[0]->busy.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<float> w(4096);
+    EXPECT_EQ(cnat_allreduce(x.data(), w.data(), w.size(), THC_FLOAT32, THC_OP_SUM, comm[0], nullptr),
+              THC_ERR_INVALID_ARG);
+    refused = true;
+  });
+  std::thread peer([&] {
+    while (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    a1 = cnat_allreduce(x.data(), za.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm[1], nullptr);
+    b1 = cnat_allreduce(x.data(), zb.data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm[1], nullptr);
+  });
+  first.join();
+  intruder.join();
+  peer.join();
+  EXPECT_EQ(a0, THC_SUCCESS);
+  EXPECT_EQ(b0, THC_SUCCESS);
+  EXPECT_EQ(a1, THC_SUCCESS);
+  EXPECT_EQ(b1, THC_SUCCESS);
+  EXPECT_EQ(ya, std::vector<float>(4096, 2.0f));
+  EXPECT_EQ(zb, std::vector<float>(4096, 2.0f));
+  thc_comm_destroy(comm[0]);
+  thc_comm_destroy(comm[1]);
+  thc_inproc_group_destroy(g);
+}
+
+// The message of a failure some other rank caused names every such rank, not only the highest
+// (the ranks were a "bitmap" combined by MAX, which keeps the highest bit only).
+TEST(Engine, MessagesNameEveryFailingRank) {
+  setenv("THC_TIMEOUT_MS", "5000", 1);
+  const int n = 4;
+  std::vector<thc_config_t> per(n, base_config());
+  per[2].nat_levels = 15;  // THC_ERR_OVERFLOW on rank 2 (16-bit sums of 4 workers)
+  std::vector<std::string> early(n), nonfinite(n);
+  std::vector<thc_status_t> early_st(n), nonfinite_st(n);
+  run_workers(n, per[0], [&](int r, thc_comm_t comm) {
+    auto x = gaussian(3000, r);
+    std::vector<float> y(3000);
+    // ranks 1 (bad datatype) and 2 (overflow) fail before the first exchange
+    early_st[r] = cnat_allreduce(x.data(), y.data(), 3000, r == 1 ? static_cast<thc_dtype_t>(42) : THC_FLOAT32,
+                                 THC_OP_SUM, comm, nullptr);
+    early[r] = thc_last_error();
+    // ranks 0 and 3 have NaN/Inf
+    if (r == 0) x[5] = std::numeric_limits<float>::quiet_NaN();
+    if (r == 3) x[2999] = std::numeric_limits<float>::infinity();
+    nonfinite_st[r] = thc_allreduce(x.data(), y.data(), 3000, THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    nonfinite[r] = thc_last_error();
+    return THC_SUCCESS;
+  }, &per);
+  unsetenv("THC_TIMEOUT_MS");
+  for (int r : {0, 3}) {
+    EXPECT_NE(early_st[r], THC_SUCCESS);
+    EXPECT_NE(early[r].find("rank 1 (invalid argument)"), std::string::npos) << early[r];
+    EXPECT_NE(early[r].find("rank 2 (integer sums would overflow)"), std::string::npos) << early[r];
+    EXPECT_EQ(early[r].find("rank 0"), std::string::npos) << early[r];
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(nonfinite_st[r], THC_ERR_NONFINITE) << r;
+    EXPECT_NE(nonfinite[r].find("rank 0"), std::string::npos) << nonfinite[r];
+    EXPECT_NE(nonfinite[r].find("rank 3"), std::string::npos) << nonfinite[r];
+    EXPECT_EQ(nonfinite[r].find("rank 1"), std::string::npos) << nonfinite[r];
+  }
+}
+
+// THC_TIMEOUT_MS <= 0 means "no bound" everywhere (thc.h, README); the in-process group took it
+// as "do not wait at all", so a peer a moment late failed the call.
+TEST(Engine, InprocTimeoutZeroOrNegativeWaitsWithoutBound) {
+  for (const char* t : {"0", "-1"}) {
+    setenv("THC_TIMEOUT_MS", t, 1);
+    std::vector<std::vector<float>> out(2);
+    auto st = run_workers(2, base_config(), [&](int r, thc_comm_t comm) {
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::vector<float> x(5000, 1.0f);
+      out[r].resize(5000);
+      return cnat_allreduce(x.data(), out[r].data(), x.size(), THC_FLOAT32, THC_OP_SUM, comm, nullptr);
+    });
+    unsetenv("THC_TIMEOUT_MS");
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(st[r], THC_SUCCESS) << "THC_TIMEOUT_MS=" << t << " rank " << r;
+      EXPECT_EQ(out[r], std::vector<float>(5000, 2.0f)) << "THC_TIMEOUT_MS=" << t;
+    }
+  }
 }
 
 }  // namespace

@@ -253,6 +253,75 @@ TEST(SchedulesFaults, RanksThatDisagreeOnTheCountFail) {
   EXPECT_GE(failed, 2);
 }
 
+// The ring numbers its messages by (step, piece); the step was packed into 12 bits, so from 4098
+// ranks on a step >= 4096 was taken for another one and every value-form call failed (timed out
+// under MPI). 4100 in-process ranks driven by one thread through test() (as the engine drives a
+// request between encoded blocks): with two elements only two segments carry data, so the run is
+// cheap, yet those two travel every step of both phases. Tags carry only the operation number and
+// the phase (never the step), so MPI_TAG_UB bounds the operations in flight, not the ranks.
+TEST(SchedulesScale, RingOverMoreThan4096Ranks) {
+  for (const int n : {4098, 4100}) {
+    auto g = thc::transport::make_inproc_group(n, 60000);
+    std::vector<std::unique_ptr<Reducer>> reds;
+    reds.reserve(n);
+    for (int r = 0; r < n; ++r)
+      reds.push_back(thc::transport::make_scheduled_reducer(thc::transport::make_inproc_link(g, r), ScheduleOptions{}));
+    const uint64_t count = 2;
+    std::vector<std::vector<uint32_t>> v(n);
+    std::vector<std::unique_ptr<thc::transport::Request>> req(n);
+    for (int r = 0; r < n; ++r) {
+      v[r] = {static_cast<uint32_t>(r), 1u};
+      req[r] = reds[r]->start_sum(v[r].data(), count, IntType::kU32);
+    }
+    int left = n;
+    for (int sweep = 0; sweep < 1000 && left > 0; ++sweep) {
+      left = 0;
+      for (int r = 0; r < n; ++r)
+        if (!req[r]->test()) ++left;
+    }
+    ASSERT_EQ(left, 0) << "n=" << n << ": " << left << " ranks never completed";
+    const uint32_t want0 = static_cast<uint32_t>(static_cast<uint64_t>(n) * (n - 1) / 2);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(v[r][0], want0) << "n=" << n << " rank " << r;
+      ASSERT_EQ(v[r][1], static_cast<uint32_t>(n)) << "n=" << n << " rank " << r;
+    }
+  }
+}
+
+// THC_TIMEOUT_MS bounds how long a wait goes without progress (the message says "no progress
+// within"), not a whole operation: a peer that is slow but keeps sending must not be given up
+// on. Rank 1 drives its side only every 20 ms, a few messages at a time (the send window), so
+// the operation takes seconds while rank 0 never waits 500 ms for a message.
+TEST(SchedulesFaults, TimeoutBoundsInactivityNotTheWholeOperation) {
+  ScheduleOptions opt;
+  opt.piece_bytes = 64;  // 16 u32 per piece: 300 pieces per segment, >= 150 rounds on rank 1
+  const uint64_t count = 2 * 300 * 16;
+  const int n = 2;
+  std::vector<std::vector<uint8_t>> v(n);
+  for (int r = 0; r < n; ++r) v[r] = random_ints(count, IntType::kU32, 40 + r);
+  const std::vector<std::vector<uint8_t>> in = v;
+  int rounds = 0;
+  run(n, opt, 500, [&](int r, Reducer& red) {
+    auto req = red.start_sum(v[r].data(), count, IntType::kU32);
+    if (r == 0) {
+      req->wait();
+      return;
+    }
+    while (!req->test() && rounds < 1000) {  // (bounded: rank 0 may have given up)
+      ++rounds;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  // 20 ms per round: the operation outlasted the bound several times over (a fact of the setup,
+  // counted, not timed)
+  EXPECT_GE(rounds * 20, 4 * 500);
+  EXPECT_LT(rounds, 1000) << "rank 1's side never completed";
+  for (uint64_t i = 0; i < count; ++i)
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(load(IntType::kU32, v[r].data(), i),
+                wrap(IntType::kU32, load(IntType::kU32, in[0].data(), i) + load(IntType::kU32, in[1].data(), i)));
+}
+
 TEST(SchedulesFaults, BadTableIsRefused) {
   run(1, ScheduleOptions{}, 1000, [&](int, Reducer& red) {
     LookupTable t;
