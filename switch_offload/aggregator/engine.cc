@@ -179,6 +179,12 @@ Engine::Engine(const EngineConfig& cfg, Stats* stats)
   if (!budget_) budget_ = std::make_shared<Budget>(64, int64_t{1} << 30);
   if (!keys_) keys_ = std::make_shared<auth::KeyRing>();
   if (cfg_.shards < 1) cfg_.shards = 1;
+  if (cfg_.data_plane) {
+    // What a switch pipeline takes (switch_offload/p4/CONTRACT.md): one instance, the Tofino profile.
+    cfg_.shards = 1;
+    cfg_.max_lanes = proto::kTofinoLanes;
+    cfg_.payload_budget = proto::kTofinoPayloadBudget;
+  }
   cfg_.max_lanes = std::clamp(cfg_.max_lanes - cfg_.max_lanes % proto::kLaneQuantum, proto::kLaneQuantum, proto::kMaxLanes);
   cfg_.payload_budget = std::clamp(cfg_.payload_budget, proto::kLaneQuantum / 2, proto::kMaxPayloadBudget);
   seed_state_ = cfg.seed;
@@ -253,7 +259,12 @@ Handled Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, ui
     case MsgType::kStats: return on_stats(h, data, len, from, out);
     case MsgType::kDataValue:
     case MsgType::kDataIndex:
-    case MsgType::kDataMax: return on_data(h, data, len, pl, from, now, out);
+    case MsgType::kDataMax:
+      if (cfg_.data_plane) {
+        drop(Drop::kDataPlane);
+        return Handled::kDropped;
+      }
+      return on_data(h, data, len, pl, from, now, out);
     default: drop(Drop::kWrongDirection); return Handled::kDropped;
   }
 }
@@ -315,8 +326,15 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     int L = std::min<int>(b.max_lanes, cfg_.max_lanes);
     L -= L % proto::kLaneQuantum;
     const int budget = std::min<int>(b.payload_budget, cfg_.payload_budget);
-    const int64_t fp = Job::footprint_for(S, L);
+    // A data-plane job keeps its slots in the switch's registers (and its ops, which only data
+    // packets create, never get here): none here.
+    const int64_t fp = cfg_.data_plane ? static_cast<int64_t>(sizeof(Job)) : Job::footprint_for(S, L);
     const std::string src = host_of(from);
+    if (cfg_.data_plane && (b.quorum < h.nworkers || L != proto::kTofinoLanes || budget < proto::kTofinoPayloadBudget)) {
+      drop(Drop::kNotSupported);
+      reply_error(nullptr, h, ErrorCode::kNotSupported, jkey, from, out);
+      return Handled::kAuthentic;
+    }
     if (L < proto::kLaneQuantum || !budget_->reserve(fp, src)) {
       drop(Drop::kNoResources);
       reply_error(nullptr, h, ErrorCode::kNoResources, jkey, from, out);
@@ -337,10 +355,21 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     nj->dkey = auth::data_key(*tenant, h.job, nj->seed);
     nj->footprint = fp;
     nj->source = src;
-    nj->shadows.resize(S * 2u);
-    nj->regs.assign(S * 2ull * static_cast<uint64_t>(L) * 4, 0);
-    for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L * 4;
-    nj->ops.resize(S * 4ull);
+    if (!cfg_.data_plane) {
+      nj->shadows.resize(S * 2u);
+      nj->regs.assign(S * 2ull * static_cast<uint64_t>(L) * 4, 0);
+      for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L * 4;
+      nj->ops.resize(S * 4ull);
+    }
+    if (cfg_.data_plane) {
+      const ErrorCode ec = cfg_.data_plane->job_created(dp_job(*nj));
+      if (ec != ErrorCode::kNone) {
+        budget_->release(fp, src);
+        drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
+        reply_error(nullptr, h, ec, jkey, from, out);
+        return Handled::kAuthentic;
+      }
+    }
     memory_ += fp;
     stats_->jobs_created.add();
     j = nj.get();
@@ -350,6 +379,17 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     drop(Drop::kConfigMismatch);
     reply_error(j, h, ErrorCode::kConfigMismatch, jkey, from, out);
     return Handled::kAuthentic;
+  }
+  if (cfg_.data_plane) {
+    // The data plane admits the worker (and holds the JOIN's table) before the JOIN_ACK lets it send.
+    ErrorCode ec = cfg_.data_plane->worker_joined(dp_job(*j), h.worker, from);
+    if (ec == ErrorCode::kNone && b.table.bits) ec = cfg_.data_plane->table_installed(dp_job(*j), b.table);
+    if (ec != ErrorCode::kNone) {
+      drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
+      reply_error(j, h, ec, jkey, from, out);
+      if (!j->joined) free_job(j->key);  // created by this JOIN, held by nobody
+      return Handled::kAuthentic;
+    }
   }
   const uint64_t bit = uint64_t{1} << h.worker;
   j->joined |= bit;
@@ -402,6 +442,7 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
       a.resume_op = j->max_op + 1;
     }
   }
+  if (cfg_.data_plane) a.resume_flags |= proto::kAckDataPlane;
   uint8_t* p = buf_.data();
   size_t n = proto::write_header(r, p, buf_.size());
   n += proto::write_join_ack(a, p + n, buf_.size() - n);
@@ -450,6 +491,14 @@ Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, con
     if (e != proto::ParseError::kOk) {
       drop(static_cast<Drop>(static_cast<int>(e) - 1));
       return Handled::kAuthentic;
+    }
+    if (!repeat && cfg_.data_plane) {
+      const ErrorCode ec = cfg_.data_plane->table_installed(dp_job(*j), t);
+      if (ec != ErrorCode::kNone) {
+        drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
+        reply_error(j, h, ec, j->dkey, to, out);
+        return Handled::kAuthentic;
+      }
     }
     if (!repeat) {
       // Re-installing an id is safe without a barrier: a client only recycles an id after its own
@@ -822,10 +871,29 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
 void Engine::free_job(const JobKey& key) {
   auto it = jobs_.find(key);
   if (it == jobs_.end()) return;
+  if (cfg_.data_plane) cfg_.data_plane->job_freed(dp_job(*it->second));
   budget_->release(it->second->footprint, it->second->source);
   memory_ -= it->second->footprint;
   jobs_.erase(it);  // its open list goes with it: nothing engine-wide refers to a job
   stats_->jobs_freed.add();
+}
+
+DataPlaneJob Engine::dp_job(const Job& j) const {
+  DataPlaneJob d;
+  d.id = j.key.id;
+  d.shard = j.key.shard;
+  d.n = j.n;
+  d.slots = j.S;
+  d.lanes = j.L;
+  d.payload_budget = j.budget;
+  return d;
+}
+
+bool Engine::touch(uint64_t job, uint16_t shard, uint64_t now) {
+  Job* j = find(job, shard);
+  if (!j) return false;
+  if (now > j->last_active) j->last_active = now;
+  return true;
 }
 
 void Engine::tick(uint64_t now, Sink& out) {

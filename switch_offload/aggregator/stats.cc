@@ -28,6 +28,8 @@ const char* drop_name(Drop d) {
     case Drop::kCookie: return "cookie";
     case Drop::kStatsDenied: return "stats_denied";
     case Drop::kBadLanes: return "bad_lanes";
+    case Drop::kNotSupported: return "not_supported";
+    case Drop::kDataPlane: return "data_plane";
     case Drop::kCount: break;
   }
   return "?";

@@ -35,6 +35,8 @@ enum class Drop : int {
   kCookie,          // JOIN without a valid address cookie (answered with CHALLENGE)
   kStatsDenied,     // STATS neither from loopback nor tagged with the operator key
   kBadLanes,        // lanes differ from what the job negotiated for the packet's encoding
+  kNotSupported,    // join refused by a data-plane engine (quorum job, other profile, no route)
+  kDataPlane,       // a data packet reached a control-only engine (the data plane aggregates)
   kCount
 };
 const char* drop_name(Drop d);
