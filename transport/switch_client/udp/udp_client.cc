@@ -266,7 +266,7 @@ struct UdpReducer::Impl {
         what += " (aggregator --max-jobs, --max-memory or --max-jobs-per-source reached)";
         break;
       case proto::ErrorCode::kNotSupported:
-        s = Status::kInvalidArgument;
+        s = Status::kUnsupported;
         what += opt.quorum > 0 && opt.quorum < opt.world
                     ? " (the aggregator is a switch data plane, thc-switchd: it takes no quorum jobs; quorum " +
                           std::to_string(opt.quorum) + " < " + std::to_string(opt.world) +
