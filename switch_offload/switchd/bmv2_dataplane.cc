@@ -108,6 +108,8 @@ struct Bmv2DataPlane::Impl {
   std::map<std::string, Action> actions;
   std::map<std::string, std::string> registers, counters;
   std::map<std::string, int64_t> register_size, counter_size;
+  std::string egress_drop;  // optional (CONTRACT.md: ThcEgress.c_egress_drop)
+  int64_t egress_drop_size = 0;
   std::vector<Job> jobs;
 
   // Every runtime call goes through here: its failure becomes a thc::Error that says what failed.
@@ -211,6 +213,11 @@ struct Bmv2DataPlane::Impl {
       counters[c] = resolve(names, c, "counter");
       counter_size[c] = sizes[counters[c]];
     }
+    for (const std::string& n : names)
+      if (n == "c_egress_drop" || (n.size() > 14 && n.compare(n.size() - 14, 14, ".c_egress_drop") == 0)) {
+        egress_drop = n;
+        egress_drop_size = sizes[n];
+      }
   }
 
   std_rt::BmMatchParams key(const std::string& table, const std::vector<uint64_t>& values) {
@@ -439,6 +446,14 @@ DpCounters Bmv2DataPlane::counters() {
   read_all("c_job_rx", &c.job_rx);
   read_all("c_result", &c.result);
   read_all("c_drop", &c.drop);
+  if (!m.egress_drop.empty()) {
+    // Egress drops (a replica without its entry) share the reason numbering.
+    for (size_t i = 0; i < c.drop.size() && static_cast<int64_t>(i) < m.egress_drop_size; ++i) {
+      std_rt::BmCounterValue v;
+      m.call("read " + m.egress_drop, [&] { m.rt->bm_counter_read(v, 0, m.egress_drop, static_cast<int32_t>(i)); });
+      c.drop[i] += static_cast<uint64_t>(v.packets);
+    }
+  }
   return c;
 }
 

@@ -296,7 +296,12 @@ void Switchd::run(const std::atomic<bool>& stop) {
 std::vector<std::string> Switchd::names() {
   std::vector<std::string> n = stats_names();
   for (const char* s : {"dp_aggregated", "dp_results", "dp_drops_total"}) n.emplace_back(s);
-  for (int i = 0; i < 16; ++i) n.push_back("dp_drop_" + std::to_string(i));
+  // The data plane's drop reasons (CONTRACT.md, include/thc_constants.p4), by counter index.
+  static const char* const kReasons[16] = {"not_admitted", "bad_format", "bad_slot",  "bad_nworkers",
+                                           "bad_shape",    "no_table",   "b_not_parsed", "stale",
+                                           "duplicate",    "no_route",   "not_ipv4",  "no_replica",
+                                           "12",           "13",         "14",        "15"};
+  for (const char* r : kReasons) n.push_back(std::string("dp_drop_") + r);
   return n;
 }
 
