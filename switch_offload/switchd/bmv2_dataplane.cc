@@ -406,10 +406,17 @@ void Bmv2DataPlane::write_table(const DpJob& j, int tid, int bits, proto::WireIn
     const int64_t v = static_cast<uint32_t>(values[z]);
     m.call("write " + rn, [&] { m.rt->bm_register_write(0, rn, idx, v); });
   }
+  const std::vector<uint64_t> meta = {static_cast<uint64_t>(bits), static_cast<uint64_t>(sum)};
   auto it = jb.lut_meta.find(tid);
-  if (it != jb.lut_meta.end()) m.del("lut_meta", it->second);
-  jb.lut_meta[tid] = m.add("lut_meta", {static_cast<uint64_t>(j.index), static_cast<uint64_t>(tid)}, "lut_ok",
-                           {static_cast<uint64_t>(bits), static_cast<uint64_t>(sum)});
+  if (it == jb.lut_meta.end()) {
+    jb.lut_meta[tid] = m.add("lut_meta", {static_cast<uint64_t>(j.index), static_cast<uint64_t>(tid)}, "lut_ok", meta);
+  } else {
+    // Modified in place: a delete and an add would leave a moment without the table.
+    const std_rt::BmActionData ad = m.data("lut_ok", meta);
+    const std::string& tn = m.tables.at("lut_meta").name;
+    const int32_t h = it->second;
+    m.call("modify an entry of " + tn, [&] { m.rt->bm_mt_modify_entry(0, tn, h, m.actions.at("lut_ok").name, ad); });
+  }
 }
 
 void Bmv2DataPlane::remove_job(const DpJob& j) {

@@ -219,10 +219,11 @@ ErrorCode Switchd::on_worker_joined(const DataPlaneJob& j, uint16_t w, const Pee
 ErrorCode Switchd::on_table(const DataPlaneJob& j, const proto::TableSpec& t) {
   auto it = jobs_.find(j.id);
   if (it == jobs_.end()) return ErrorCode::kUnknownJob;
-  if (t.bits != 1 && t.bits != 2 && t.bits != 4 && t.bits != 8) {
-    // The parser takes byte-aligned index widths; clients use the value form for the others.
-    log("job " + job_str(j.id) + ": table " + std::to_string(t.id) + " with b=" + std::to_string(t.bits) +
-        " refused: the data plane parses index widths 1, 2, 4, 8");
+  if ((t.bits != 1 && t.bits != 2 && t.bits != 4 && t.bits != 8) || proto::wire_int_bytes(t.sum) > 2) {
+    // The data plane takes byte-aligned index widths and 8/16-bit sums (CONTRACT.md); clients use
+    // the value form for the others.
+    log("job " + job_str(j.id) + ": table " + std::to_string(t.id) + " with b=" + std::to_string(t.bits) + ", " +
+        proto::wire_int_name(t.sum) + " sums refused: the data plane takes index widths 1, 2, 4, 8 with 8- or 16-bit sums");
     return ErrorCode::kNotSupported;
   }
   try {

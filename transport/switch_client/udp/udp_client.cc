@@ -272,7 +272,8 @@ struct UdpReducer::Impl {
                           std::to_string(opt.quorum) + " < " + std::to_string(opt.world) +
                           " workers needs a software aggregator, thc-aggregator or thc-aggregator-dpdk)"
                     : " (the aggregator is a switch data plane, thc-switchd: it needs the Tofino profile, 256 lanes in "
-                      "a 1024-byte payload, a route to this worker's address and, for index form, b in {1,2,4,8}; "
+                      "a 1024-byte payload, a route to this worker's address and, for index form, b in {1,2,4,8} with "
+                      "8- or 16-bit sums; "
                       "see thc-switchd's log)";
         break;
       default: break;
@@ -1062,10 +1063,10 @@ std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uin
   if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
     fail(Status::kInvalidArgument, "aggregator client: lookup table needs 1..8 bits and 2^bits values (got bits=" +
                                        std::to_string(table.bits) + ", " + std::to_string(table.values.size()) + " values)");
-  if (impl_->data_plane && table.bits != 1 && table.bits != 2 && table.bits != 4 && table.bits != 8) {
-    // A switch's parser takes byte-aligned index widths only (CONTRACT.md): look the codes up
-    // here and send the values (Cnat's b = 5), summed in place in `sums`.
-    const size_t w = proto::wire_int_bytes(wire_of(type));
+  const size_t w = proto::wire_int_bytes(wire_of(type));
+  if (impl_->data_plane && ((table.bits != 1 && table.bits != 2 && table.bits != 4 && table.bits != 8) || w == 4)) {
+    // A switch takes the index form for byte-aligned widths and 8/16-bit sums only (CONTRACT.md):
+    // look the codes up here and send the values (Cnat's b = 5), summed in place in `sums`.
     auto* out = static_cast<uint8_t*>(sums);
     for (uint64_t i = 0; i < count; ++i) {
       const uint32_t v = static_cast<uint32_t>(table.values[proto::get_index(packed, i, table.bits)]);
