@@ -32,7 +32,7 @@ run_workers() {
   local url=$1 job=$2 n=$3 name=$4 off=${5:-0} r
   shift 5 2>/dev/null || shift $#
   for ((r = 0; r < n; r++)); do
-    ip netns exec "${HOSTNS[$(((r + off) % 4))]}" env "$@" "$WORKER" "$url" $r $n $job $COUNT "$TMP/$name.$r" \
+    ip netns exec "${HOSTNS[$(((r + off) % 4))]}" env "$@" "$WORKER" "$url" "$r" "$n" "$job" "$COUNT" "$TMP/$name.$r" \
       > "$TMP/$name.$r.log" 2>&1 &
     PIDS+=($!)
     OUTS+=("$TMP/$name.$r")
@@ -71,7 +71,7 @@ echo "   thc-switchd: $after"
 [ "$(stat "$after" drop_data_plane)" = 0 ] || die "data packets reached thc-switchd (not aggregated in the switch)"
 agg=$(($(stat "$after" dp_aggregated) - $(stat "$before" dp_aggregated)))
 res=$(($(stat "$after" dp_results) - $(stat "$before" dp_results)))
-[ "$agg" -gt 0 ] && [ "$res" -gt 0 ] || die "the data plane counted no aggregation ($agg) or results ($res)"
+if [ "$agg" -le 0 ] || [ "$res" -le 0 ]; then die "the data plane counted no aggregation ($agg) or results ($res)"; fi
 grep -q "worker 3 admitted" "$TMP/switchd.log" || die "thc-switchd did not log the admissions"
 
 echo "== 2. 1 % loss at every worker"

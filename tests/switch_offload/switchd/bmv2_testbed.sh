@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # WAIT_STATUS, SWITCH_URL, REF_URL, ...: for the scripts that source this
 # Sourced by the switch end-to-end tests: BMv2's simple_switch in the switch position of a
 # namespace testbed, thc-switchd beside it, and host namespaces whose links are switch ports.
 #
@@ -98,10 +100,12 @@ testbed_up() {
   local n=$1 i
   [ "$(id -u)" = 0 ] || skip "not root: the testbed needs network namespaces and veth pairs"
   for t in ip ethtool timeout; do command -v $t >/dev/null 2>&1 || skip "no '$t' command"; done
-  [ -n "${THC_SIMPLE_SWITCH:-}" ] && [ -x "$THC_SIMPLE_SWITCH" ] ||
+  if [ -z "${THC_SIMPLE_SWITCH:-}" ] || [ ! -x "$THC_SIMPLE_SWITCH" ]; then
     skip "no simple_switch (the P4 toolchain is not installed: switch_offload/p4/README.md)"
-  [ -n "${THC_P4_JSON:-}" ] && [ -f "$THC_P4_JSON" ] ||
-    skip "no compiled v1model program ($THC_P4_JSON; p4c-bm2-ss missing: switch_offload/p4/README.md)"
+  fi
+  if [ -z "${THC_P4_JSON:-}" ] || [ ! -f "$THC_P4_JSON" ]; then
+    skip "no compiled v1model program (${THC_P4_JSON:-}; p4c-bm2-ss missing: switch_offload/p4/README.md)"
+  fi
   TMP=$(mktemp -d "/tmp/${TAG}_bmv2.XXXXXX") || die "mktemp"
   trap cleanup EXIT
   trap 'exit 130' INT TERM
@@ -145,7 +149,7 @@ testbed_up() {
   export THC_AGGREGATOR_KEY_FILE=$THC_KEYS
   ip netns exec "$NSS" "$THC_SWITCHD" --key-file "$THC_KEYS" --create-key-file --ip "$SWITCH_IP" \
     --port "$SW_PORT" --routes "$TMP/routes" --switch-mac "$SWITCH_MAC" --thrift 127.0.0.1:9090 --seed 1 \
-    --stats-interval 0 --port-file "$TMP/switchd.port" ${SWITCHD_ARGS:-} > "$TMP/switchd.log" 2>&1 &
+    --stats-interval 0 --port-file "$TMP/switchd.port" > "$TMP/switchd.log" 2>&1 &
   SWITCHD_PID=$!
   t=0
   until [ -s "$TMP/switchd.port" ]; do
