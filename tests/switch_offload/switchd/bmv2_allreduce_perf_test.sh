@@ -4,7 +4,7 @@
 # behind switch port 1 (one address, a UDP port each), --aggregator udp://SWITCH:9471. For THC
 # (index form, b = 4) and Cnat (b = 5: value form on a switch) at SIZES, with fixed seeds: the
 # accuracy (NMSE against the exact float64 allreduce, 9 digits) must equal that of the same run
-# on the software thc-aggregator, lossless and with 1 % loss injected at every rank
+# on the software thc-aggregator, lossless and (THC) with 1 % loss injected at every rank
 # (THC_FAULT_DROP) -- the decoded results being identical is what makes them equal.
 #
 #   bmv2_allreduce_perf_test.sh THC_SWITCHD THC_AGGREGATOR THC_ALLREDUCE_PERF THC_PROBE [SIZES]
@@ -36,13 +36,17 @@ for size in $SIZES; do
     echo "== $scheme $size"
     run "ref_${scheme}_$size" "$REF_URL" $scheme "$size"
     run "sw_${scheme}_$size" "$SWITCH_URL" $scheme "$size"
-    run "loss_${scheme}_$size" "$SWITCH_URL" $scheme "$size" THC_FAULT_DROP=0.01 THC_FAULT_SEED=3
+    variants=(sw)
+    # Loss once (THC): the value form (Cnat) under loss is p4_bmv2_e2e_workers' case too.
+    if [ $scheme = thc ]; then
+      run "loss_${scheme}_$size" "$SWITCH_URL" $scheme "$size" THC_FAULT_DROP=0.01 THC_FAULT_SEED=3
+      variants+=(loss)
+    fi
     want=$(cat "$TMP/ref_${scheme}_$size.nmse")
-    for v in sw loss; do
+    for v in "${variants[@]}"; do
       got=$(cat "$TMP/${v}_${scheme}_$size.nmse")
       [ "$got" = "$want" ] || die "$scheme $size ($v): NMSE $got on the switch, $want on thc-aggregator"
     done
-    grep -q "retransmissions" "$TMP/loss_${scheme}_$size.log" || true
   done
 done
 after=$(switchd_stats) || die "no STATS from thc-switchd"
