@@ -40,6 +40,8 @@ REF_PORT=9472
 CPU_PORT=15
 TMP=
 NS_LIST=()
+# More thc-switchd options (a script sets them before testbed_up).
+SWITCHD_EXTRA=("${SWITCHD_EXTRA[@]}")
 
 cleanup() {
   local rc=$? ns p
@@ -149,7 +151,7 @@ testbed_up() {
   export THC_AGGREGATOR_KEY_FILE=$THC_KEYS
   ip netns exec "$NSS" "$THC_SWITCHD" --key-file "$THC_KEYS" --create-key-file --ip "$SWITCH_IP" \
     --port "$SW_PORT" --routes "$TMP/routes" --switch-mac "$SWITCH_MAC" --thrift 127.0.0.1:9090 --seed 1 \
-    --stats-interval 0 --port-file "$TMP/switchd.port" > "$TMP/switchd.log" 2>&1 &
+    --stats-interval 0 --port-file "$TMP/switchd.port" "${SWITCHD_EXTRA[@]}" > "$TMP/switchd.log" 2>&1 &
   SWITCHD_PID=$!
   t=0
   until [ -s "$TMP/switchd.port" ]; do
