@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <random>
 
@@ -46,23 +47,48 @@ bool is_loopback(const PeerAddr& a) {
 }
 }  // namespace
 
-bool Budget::reserve(int64_t bytes, const std::string& source) {
+uint64_t wall_clock_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+std::shared_ptr<Budget> make_server_budget(int64_t max_jobs, int64_t max_bytes, int64_t max_jobs_per_source,
+                                           int64_t max_jobs_per_tenant, int64_t max_bytes_per_tenant,
+                                           const auth::KeyRing& keys) {
+  const size_t tenants = keys.size() - (keys.find(auth::kOperatorKeyId) ? 1 : 0);
+  return std::make_shared<Budget>(max_jobs, max_bytes, max_jobs_per_source,
+                                  max_jobs_per_tenant > 0 ? max_jobs_per_tenant : Budget::share(max_jobs, tenants),
+                                  max_bytes_per_tenant > 0 ? max_bytes_per_tenant : Budget::share(max_bytes, tenants));
+}
+
+bool Budget::reserve(int64_t bytes, const std::string& source, uint32_t tenant) {
   std::lock_guard<std::mutex> lk(mu_);
   int64_t& mine = by_source_[source];
-  if (mine >= per_source_ || jobs_.load() <= 0 || bytes_.load() < bytes) {
+  Use& t = by_tenant_[tenant];
+  if (mine >= per_source_ || jobs_.load() <= 0 || bytes_.load() < bytes || (tenant_jobs_ > 0 && t.jobs >= tenant_jobs_) ||
+      (tenant_bytes_ > 0 && t.bytes + bytes > tenant_bytes_)) {
     if (mine == 0) by_source_.erase(source);
+    if (t.jobs == 0) by_tenant_.erase(tenant);
     return false;
   }
   ++mine;
+  ++t.jobs;
+  t.bytes += bytes;
   jobs_.fetch_sub(1);
   bytes_.fetch_sub(bytes);
   return true;
 }
 
-void Budget::release(int64_t bytes, const std::string& source) {
+void Budget::release(int64_t bytes, const std::string& source, uint32_t tenant) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_source_.find(source);
   if (it != by_source_.end() && --it->second <= 0) by_source_.erase(it);
+  auto t = by_tenant_.find(tenant);
+  if (t != by_tenant_.end()) {
+    t->second.bytes -= bytes;
+    if (--t->second.jobs <= 0) by_tenant_.erase(t);
+  }
   bytes_.fetch_add(bytes);
   jobs_.fetch_add(1);
 }
@@ -81,12 +107,15 @@ struct Engine::Shadow {
   uint8_t table = 0;
   uint8_t state = kFree;
   uint8_t rw = 4;            // register width in bytes: the sum type's (4 for the MAX prelude)
-  // Per worker: 1 + the newest attempt number seen, and 1 + the newest one answered. A finished
-  // slot answers a packet only for an attempt it has not answered yet: a recorded packet replayed
-  // (whatever its source) draws no more than the one reply its genuine copy drew.
-  uint8_t seen_attempt[proto::kMaxWorkers] = {};
-  uint8_t answered[proto::kMaxWorkers] = {};
-  uint8_t* reg = nullptr;    // job.L registers of up to 4 bytes (lanes.h)
+  // Per worker: the newest attempt number seen (valid for the workers in `seen`), and the newest
+  // one answered (valid for the workers in `answered_any`). A finished slot answers a packet only
+  // for an attempt it has not answered yet: a recorded packet replayed (whatever its source) draws
+  // no more than the one reply its genuine copy drew. Every attempt number the header carries
+  // (0..65535) has its own value.
+  uint64_t answered_any = 0;
+  uint16_t seen_attempt[proto::kMaxWorkers] = {};
+  uint16_t answered[proto::kMaxWorkers] = {};
+  uint8_t* reg = nullptr;    // job.reg_bytes of registers, each up to 4 bytes wide (lanes.h)
 };
 
 namespace {
@@ -137,12 +166,29 @@ struct Engine::Job {
     return need;
   }
   uint64_t seed = 0;
-  uint64_t last_active = 0;
+  uint64_t last_active = 0;  // last genuine new request or first copy of a data packet (idle expiry)
   int64_t footprint = 0;
   std::string source;   // creator's host, for the per-source budget
+  uint32_t tenant = 0;  // key id, for the per-tenant budget
+  int reg_bytes = 0;    // registers per shadow set: what the widest packet of the job can fill
   PeerAddr peer[proto::kMaxWorkers];
+  // Control requests (JOIN, TABLE, LEAVE), one rule for all: per worker, the newest nonce acted
+  // upon (valid in `floor_set`) and its answer. A request under a newer nonce is acted upon; the
+  // same nonce again (a retransmission whose answer was lost, or a recording) draws that answer
+  // again and changes nothing, liveness included; an older one draws nothing.
+  uint64_t floor_set = 0;
   uint64_t ctl_nonce[proto::kMaxWorkers] = {};
-  uint64_t heard[proto::kMaxWorkers] = {};  // last time a verified packet came from each worker
+  struct Answer {
+    MsgType type = MsgType::kError;  // kJoinAck, kTableAck, kLeaveAck, or kError (with `error`)
+    ErrorCode error = ErrorCode::kNone;
+    proto::JoinAckBody ack;
+  };
+  Answer answer[proto::kMaxWorkers];
+  // Workers that joined and later sent a fresh JOIN while the job ran: their earlier lives are
+  // over (a live client sends one fresh JOIN per life; a lost JOIN_ACK is retransmitted under the
+  // same nonce, a rejoin carries REJOIN). See on_join.
+  uint64_t restarted = 0;
+  uint64_t heard[proto::kMaxWorkers] = {};  // last time a genuine new packet came from each worker
   Table tables[proto::kTableIds];
   // Two shadow sets per slot: while one holds a finished result that slow workers may still
   // ask for, the other takes the next use of the slot.
@@ -168,8 +214,17 @@ struct Engine::Job {
     if (!r.used || r.op != op) r = OpRecord{op, true, false, false, false, 0, 0};
     return r;
   }
-  static int64_t footprint_for(uint32_t S, int L) {
-    return static_cast<int64_t>(sizeof(Job) + S * 2ull * (sizeof(Shadow) + static_cast<uint64_t>(L) * 4ull) +
+  // Register bytes per shadow set for lanes L and a payload budget: the most any packet's sums can
+  // fill. A RESULT of lanes x w-byte sums fits the budget (lanes_for), so this is at most the
+  // budget, never L x 4 bytes a packet could not carry.
+  static int register_bytes(int L, int budget) {
+    int most = 0;
+    for (WireInt e : {WireInt::kU8, WireInt::kU16, WireInt::kU32})
+      most = std::max<int>(most, proto::lanes_for(MsgType::kDataValue, e, 0, L, budget) * static_cast<int>(proto::wire_int_bytes(e)));
+    return std::max<int>(most, proto::lanes_for(MsgType::kDataMax, WireInt::kU32, 0, L, budget) * 4);
+  }
+  static int64_t footprint_for(uint32_t S, int reg_bytes) {
+    return static_cast<int64_t>(sizeof(Job) + S * 2ull * (sizeof(Shadow) + static_cast<uint64_t>(reg_bytes)) +
                                 S * 4ull * sizeof(OpRecord));
   }
 };
@@ -187,21 +242,23 @@ Engine::Engine(const EngineConfig& cfg, Stats* stats)
   }
   cfg_.max_lanes = std::clamp(cfg_.max_lanes - cfg_.max_lanes % proto::kLaneQuantum, proto::kLaneQuantum, proto::kMaxLanes);
   cfg_.payload_budget = std::clamp(cfg_.payload_budget, proto::kLaneQuantum / 2, proto::kMaxPayloadBudget);
-  seed_state_ = cfg.seed;
-  if (seed_state_ == 0) {
-    std::random_device rd;
-    seed_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  }
+  std::random_device rd;
+  auto random64 = [&] { return (static_cast<uint64_t>(rd()) << 32) ^ rd(); };
+  seed_state_ = cfg.seed ? cfg.seed : random64();
+  incarnation_ = cfg.incarnation ? cfg.incarnation : random64();
+  last_stats_nonce_ = cfg.stats_nonce_floor;
   buf_.resize(proto::kMaxPacketBytes + 64);
 }
 
 Engine::~Engine() {
-  for (auto& kv : jobs_) budget_->release(kv.second->footprint, kv.second->source);
+  for (auto& kv : jobs_) budget_->release(kv.second->footprint, kv.second->source, kv.second->tenant);
 }
 
 uint64_t Engine::new_seed(uint64_t job) {
   uint64_t s = seed_state_ ^ (job * 0x9E3779B97F4A7C15ull) ^ stats_->jobs_created.get();
-  uint64_t v = splitmix64(s);
+  // The incarnation goes into every seed: a fixed --seed repeats the sequence of one life only.
+  uint64_t v = splitmix64(s) ^ incarnation_;
+  v = splitmix64(v);
   seed_state_ = s;
   return v ? v : 1;
 }
@@ -269,6 +326,58 @@ Handled Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, ui
   }
 }
 
+void Engine::remember_floor(uint64_t job, uint16_t shard, uint16_t worker, uint64_t nonce, ErrorCode answer,
+                            uint64_t now) {
+  const FloorKey k{job, shard, worker};
+  auto it = floors_.find(k);
+  if (it == floors_.end() && floors_.size() >= cfg_.max_join_floors) {
+    // Full (a key holder creating and refusing jobs at a high rate): forget every floor and take a
+    // new cookie secret, so that no JOIN they protected against (nor this one) verifies any more.
+    // Workers in the middle of joining get one more CHALLENGE.
+    floors_.clear();
+    cookies_.rotate();
+    return;
+  }
+  Floor& f = it == floors_.end() ? floors_[k] : it->second;
+  if (nonce >= f.nonce) {
+    f.nonce = nonce;
+    f.answer = answer;
+  }
+  f.until_us = cookies_.valid_until(now);
+}
+
+void Engine::send_join_ack(const Job& j, const Header& h, const proto::JoinAckBody& a, const PeerAddr& to, Sink& out) {
+  Header r;
+  r.type = MsgType::kJoinAck;
+  r.job = j.key.id;
+  r.shard = h.shard;
+  r.worker = h.worker;
+  r.nworkers = j.n;
+  r.seq = h.seq;
+  uint8_t* p = buf_.data();
+  size_t n = proto::write_header(r, p, buf_.size());
+  n += proto::write_join_ack(a, p + n, buf_.size() - n);
+  send_packet(to, p, n, &j.jkey, out);
+}
+
+Handled Engine::refuse_join(Job* j, const Header& h, ErrorCode code, Drop why, const auth::TagKey& jkey, const PeerAddr& to,
+                            uint64_t now, Sink& out) {
+  drop(why);
+  // The refusal is this nonce's answer: a repeat gets it again, an older JOIN nothing, and a
+  // replay can never turn it into a job later (when resources are free, or the job is gone).
+  if (j) {
+    const uint64_t bit = uint64_t{1} << h.worker;
+    j->floor_set |= bit;
+    j->ctl_nonce[h.worker] = h.seq;
+    j->answer[h.worker].type = MsgType::kError;
+    j->answer[h.worker].error = code;
+  } else {
+    remember_floor(h.job, h.shard, h.worker, h.seq, code, now);
+  }
+  reply_error(j, h, code, jkey, to, out);
+  return Handled::kAuthentic;
+}
+
 Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const uint8_t* pl, size_t plen,
                      const PeerAddr& from, uint64_t now, Sink& out) {
   const uint32_t kid = proto::job_key_id(h.job);
@@ -313,33 +422,71 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     send_packet(from, p, n, &jkey, out);  // smaller than the JOIN it answers
     return Handled::kAuthentic;
   }
-  if (j && (j->joined & (uint64_t{1} << h.worker)) && h.seq < j->ctl_nonce[h.worker]) {
-    // A worker's request nonces grow over all its lives (a restarted worker's start from the
-    // clock): an older JOIN is a replay from the worker's own address within the cookie's
-    // lifetime, and must not move the worker's replay window back (old TABLEs would pass again).
-    drop(Drop::kReplay);
-    return Handled::kAuthentic;
+  const uint64_t bit = uint64_t{1} << h.worker;
+  // The control rule (Job::floor_set): a worker's request nonces grow over all its lives (a
+  // restarted worker's start from the clock). The floor is the job's, or, for a worker of a job
+  // freed lately or a JOIN refused without a job, the one remembered while its cookie can verify:
+  // a replayed JOIN can neither re-create a finished job nor turn an old refusal into a job.
+  {
+    bool have = false;
+    uint64_t floor = 0;
+    const Job::Answer* ans = nullptr;
+    ErrorCode remembered = ErrorCode::kNone;
+    if (j && (j->floor_set & bit)) {
+      have = true;
+      floor = j->ctl_nonce[h.worker];
+      ans = &j->answer[h.worker];
+    }
+    auto fit = floors_.find(FloorKey{h.job, h.shard, h.worker});
+    if (fit != floors_.end() && fit->second.until_us > now && (!have || fit->second.nonce > floor)) {
+      have = true;
+      floor = fit->second.nonce;
+      ans = nullptr;
+      remembered = fit->second.answer;
+    }
+    if (have && h.seq <= floor) {
+      if (h.seq == floor && ans && ans->type == MsgType::kJoinAck) {
+        send_join_ack(*j, h, ans->ack, from, out);  // no larger than the JOIN (wire.h)
+        return Handled::kAuthentic;  // not kJoined: a recording proves nothing about its source
+      }
+      const ErrorCode again = ans ? (ans->type == MsgType::kError ? ans->error : ErrorCode::kNone) : remembered;
+      if (h.seq == floor && again != ErrorCode::kNone) {
+        reply_error(j, h, again, jkey, from, out);
+        return Handled::kAuthentic;
+      }
+      drop(Drop::kReplay);
+      return Handled::kAuthentic;
+    }
+  }
+  if (j && !(b.flags & proto::kJoinRejoin) && (j->joined & ~j->left & bit) && j->any_op) {
+    // A worker of this instance sends a fresh JOIN while the instance runs: it restarted, and its
+    // calls start at op 0, which the instance is past. Once every worker of the instance has
+    // restarted (or left), the instance is dead and a new incarnation replaces it (new seed: nothing
+    // of the old one verifies in it); until then the JOIN is refused as busy, and the worker asks
+    // again (a run restarted after a crash comes back one worker at a time).
+    j->restarted |= bit;
+    if ((j->joined & ~j->left & ~j->restarted) != 0)
+      return refuse_join(j, h, ErrorCode::kJobBusy, Drop::kJobBusy, jkey, from, now, out);
+    stats_->jobs_replaced.add();
+    free_job(j->key, now);
+    j = nullptr;
   }
   if (!j) {
     const uint32_t S = std::max<uint32_t>(1, std::min<uint32_t>({b.slots, cfg_.max_slots_per_job,
                                                                  static_cast<uint32_t>(proto::kMaxSlots)}));
-    int L = std::min<int>(b.max_lanes, cfg_.max_lanes);
-    L -= L % proto::kLaneQuantum;
     const int budget = std::min<int>(b.payload_budget, cfg_.payload_budget);
+    // Lanes beyond what the payload budget carries in any encoding would be registers no packet
+    // fills: the job gets (and is charged for) what its packets can use.
+    const int L = proto::lanes_for(MsgType::kDataValue, WireInt::kU8, 0, std::min<int>(b.max_lanes, cfg_.max_lanes), budget);
+    const int reg_bytes = Job::register_bytes(L, budget);
     // A data-plane job keeps its slots in the switch's registers (and its ops, which only data
     // packets create, never get here): none here.
-    const int64_t fp = cfg_.data_plane ? static_cast<int64_t>(sizeof(Job)) : Job::footprint_for(S, L);
+    const int64_t fp = cfg_.data_plane ? static_cast<int64_t>(sizeof(Job)) : Job::footprint_for(S, reg_bytes);
     const std::string src = host_of(from);
-    if (cfg_.data_plane && (b.quorum < h.nworkers || L != proto::kTofinoLanes || budget < proto::kTofinoPayloadBudget)) {
-      drop(Drop::kNotSupported);
-      reply_error(nullptr, h, ErrorCode::kNotSupported, jkey, from, out);
-      return Handled::kAuthentic;
-    }
-    if (L < proto::kLaneQuantum || !budget_->reserve(fp, src)) {
-      drop(Drop::kNoResources);
-      reply_error(nullptr, h, ErrorCode::kNoResources, jkey, from, out);
-      return Handled::kAuthentic;
-    }
+    if (cfg_.data_plane && (b.quorum < h.nworkers || L != proto::kTofinoLanes || budget < proto::kTofinoPayloadBudget))
+      return refuse_join(nullptr, h, ErrorCode::kNotSupported, Drop::kNotSupported, jkey, from, now, out);
+    if (L < proto::kLaneQuantum || !budget_->reserve(fp, src, kid))
+      return refuse_join(nullptr, h, ErrorCode::kNoResources, Drop::kNoResources, jkey, from, now, out);
     auto nj = std::make_unique<Job>();
     nj->key = JobKey{h.job, h.shard};
     nj->jkey = jkey;
@@ -349,25 +496,26 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     nj->S = S;
     nj->L = L;
     nj->budget = budget;
+    nj->reg_bytes = reg_bytes;
     nj->all = all_mask(h.nworkers);
     nj->view = nj->all;
     nj->seed = new_seed(h.job);
     nj->dkey = auth::data_key(*tenant, h.job, nj->seed);
     nj->footprint = fp;
     nj->source = src;
+    nj->tenant = kid;
     if (!cfg_.data_plane) {
       nj->shadows.resize(S * 2u);
-      nj->regs.assign(S * 2ull * static_cast<uint64_t>(L) * 4, 0);
-      for (uint32_t i = 0; i < S * 2u; ++i) nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * L * 4;
+      nj->regs.assign(S * 2ull * static_cast<uint64_t>(reg_bytes), 0);
+      for (uint32_t i = 0; i < S * 2u; ++i)
+        nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * static_cast<uint64_t>(reg_bytes);
       nj->ops.resize(S * 4ull);
-    }
-    if (cfg_.data_plane) {
+    } else {
       const ErrorCode ec = cfg_.data_plane->job_created(dp_job(*nj));
       if (ec != ErrorCode::kNone) {
-        budget_->release(fp, src);
-        drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
-        reply_error(nullptr, h, ec, jkey, from, out);
-        return Handled::kAuthentic;
+        budget_->release(fp, src, kid);
+        return refuse_join(nullptr, h, ec, ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported,
+                           jkey, from, now, out);
       }
     }
     memory_ += fp;
@@ -376,26 +524,22 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     jobs_.emplace(nj->key, std::move(nj));
   } else if (h.nworkers != j->n || b.quorum != j->k || b.quorum_timeout_us != j->qt_us || b.max_lanes < j->L ||
              b.payload_budget < j->budget) {
-    drop(Drop::kConfigMismatch);
-    reply_error(j, h, ErrorCode::kConfigMismatch, jkey, from, out);
-    return Handled::kAuthentic;
+    return refuse_join(j, h, ErrorCode::kConfigMismatch, Drop::kConfigMismatch, jkey, from, now, out);
   }
   if (cfg_.data_plane) {
     // The data plane admits the worker (and holds the JOIN's table) before the JOIN_ACK lets it send.
     ErrorCode ec = cfg_.data_plane->worker_joined(dp_job(*j), h.worker, from);
     if (ec == ErrorCode::kNone && b.table.bits) ec = cfg_.data_plane->table_installed(dp_job(*j), b.table);
     if (ec != ErrorCode::kNone) {
-      drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
-      reply_error(j, h, ec, jkey, from, out);
-      if (!j->joined) free_job(j->key);  // created by this JOIN, held by nobody
-      return Handled::kAuthentic;
+      const Drop why = ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported;
+      if (j->joined) return refuse_join(j, h, ec, why, jkey, from, now, out);
+      free_job(j->key, now);  // created by this JOIN, held by nobody
+      return refuse_join(nullptr, h, ec, why, jkey, from, now, out);
     }
   }
-  const uint64_t bit = uint64_t{1} << h.worker;
   j->joined |= bit;
   j->left &= ~bit;
   j->peer[h.worker] = from;
-  j->ctl_nonce[h.worker] = h.seq;
   j->heard[h.worker] = now;
   j->last_active = now;
   if (b.table.bits) {
@@ -405,13 +549,6 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     t.sum = b.table.sum;
     std::memcpy(t.values, b.table.values, sizeof t.values);
   }
-  Header r;
-  r.type = MsgType::kJoinAck;
-  r.job = j->key.id;
-  r.shard = h.shard;
-  r.worker = h.worker;
-  r.nworkers = j->n;
-  r.seq = h.seq;
   proto::JoinAckBody a;
   a.seed = j->seed;
   a.slots = static_cast<uint16_t>(j->S);
@@ -424,11 +561,12 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
   if (!(b.flags & proto::kJoinRejoin) || !j->any_op) {
     a.resume_flags = proto::kResumeKnown;  // from the start: op 0 at seq 0
   } else {
-    // A worker rejoining a job under way (left behind, or restarted) comes back at the start of a
-    // collective call, i.e. at a MAX op (every call begins with its prelude): the newest op if it
-    // is one, has started and is undecided (the worker joins its view now), else the next MAX op
-    // to start (the worker is put into the view when its first packet arrives, so that op waits
-    // for it up to the quorum timeout). Until that op has started, the worker asks again.
+    // A worker rejoining a job under way (left behind) comes back at the start of a collective
+    // call, i.e. at a MAX op (every call begins with its prelude): the newest op if it is one, has
+    // started and is undecided (the worker joins its view now), else the next MAX op to start (the
+    // worker is put into the view when its first packet arrives, so that op waits for it up to the
+    // quorum timeout). Until that op has started, the worker asks again (a new nonce: a repeat of
+    // this JOIN only draws this answer again and applies nothing).
     const OpRecord* cur = j->find_op(j->max_op);
     if (cur && cur->is_max && cur->first_known && !cur->decided) {
       j->view |= bit;
@@ -443,10 +581,11 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     }
   }
   if (cfg_.data_plane) a.resume_flags |= proto::kAckDataPlane;
-  uint8_t* p = buf_.data();
-  size_t n = proto::write_header(r, p, buf_.size());
-  n += proto::write_join_ack(a, p + n, buf_.size() - n);
-  send_packet(from, p, n, &jkey, out);
+  j->floor_set |= bit;
+  j->ctl_nonce[h.worker] = h.seq;
+  j->answer[h.worker].type = MsgType::kJoinAck;
+  j->answer[h.worker].ack = a;
+  send_join_ack(*j, h, a, from, out);
   return Handled::kJoined;
 }
 
@@ -469,22 +608,29 @@ Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, con
     reply_error(j, h, ErrorCode::kBadWorker, j->dkey, (j->joined & bit) ? j->peer[h.worker] : from, out);
     return Handled::kAuthentic;
   }
-  // Control nonces grow per worker; the same nonce again is a retransmission (its ack was lost)
-  // and is answered again without acting twice; an older one is a replay.
-  const bool repeat = h.seq == j->ctl_nonce[h.worker];
-  if (h.seq < j->ctl_nonce[h.worker]) {
-    drop(Drop::kReplay);
-    return Handled::kAuthentic;
-  }
-  j->heard[h.worker] = now;
-  j->last_active = now;
   Header r;
+  r.type = h.type == MsgType::kTable ? MsgType::kTableAck : MsgType::kLeaveAck;
   r.job = j->key.id;
   r.shard = h.shard;
   r.worker = h.worker;
   r.nworkers = j->n;
   r.seq = h.seq;
   const PeerAddr to = j->peer[h.worker];
+  uint8_t ack[proto::kHeaderBytes];
+  proto::write_header(r, ack, sizeof ack);
+  // The control rule (Job::floor_set): the newest request again (its ack was lost) is acknowledged
+  // again and changes nothing, not even when the worker was last heard; an older one is a replay.
+  if (j->floor_set & bit) {
+    const uint64_t floor = j->ctl_nonce[h.worker];
+    if (h.seq == floor && j->answer[h.worker].type == r.type) {
+      send_packet(to, ack, sizeof ack, &j->dkey, out);
+      return Handled::kAuthentic;
+    }
+    if (h.seq <= floor) {
+      drop(Drop::kReplay);
+      return Handled::kAuthentic;
+    }
+  }
   if (h.type == MsgType::kTable) {
     proto::TableSpec t;
     const proto::ParseError e = proto::parse_table(pl, plen, &t);
@@ -492,7 +638,7 @@ Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, con
       drop(static_cast<Drop>(static_cast<int>(e) - 1));
       return Handled::kAuthentic;
     }
-    if (!repeat && cfg_.data_plane) {
+    if (cfg_.data_plane) {
       const ErrorCode ec = cfg_.data_plane->table_installed(dp_job(*j), t);
       if (ec != ErrorCode::kNone) {
         drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
@@ -500,32 +646,25 @@ Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, con
         return Handled::kAuthentic;
       }
     }
-    if (!repeat) {
-      // Re-installing an id is safe without a barrier: a client only recycles an id after its own
-      // earlier requests completed, and then every slot of those ops is Done (README "Tables").
-      Table& x = j->tables[t.id];
-      x.valid = true;
-      x.bits = t.bits;
-      x.sum = t.sum;
-      std::memcpy(x.values, t.values, sizeof x.values);
-      j->ctl_nonce[h.worker] = h.seq;
-    }
-    r.type = MsgType::kTableAck;
-    uint8_t b[proto::kHeaderBytes];
-    proto::write_header(r, b, sizeof b);
-    send_packet(to, b, sizeof b, &j->dkey, out);
-    return Handled::kAuthentic;
+    // Re-installing an id is safe without a barrier: a client only recycles an id after its own
+    // earlier requests completed, and then every slot of those ops is Done (README "Tables").
+    Table& x = j->tables[t.id];
+    x.valid = true;
+    x.bits = t.bits;
+    x.sum = t.sum;
+    std::memcpy(x.values, t.values, sizeof x.values);
+  } else {
+    j->left |= bit;
   }
-  // LEAVE
+  j->floor_set |= bit;
   j->ctl_nonce[h.worker] = h.seq;
-  j->left |= bit;
+  j->answer[h.worker].type = r.type;
+  j->heard[h.worker] = now;
+  j->last_active = now;
   const auth::TagKey dkey = j->dkey;
-  const bool all_left = (j->left & j->joined) == j->joined;
-  r.type = MsgType::kLeaveAck;
-  uint8_t b[proto::kHeaderBytes];
-  proto::write_header(r, b, sizeof b);
-  send_packet(to, b, sizeof b, &dkey, out);
-  if (all_left) free_job(j->key);
+  const bool all_left = h.type == MsgType::kLeave && (j->left & j->joined) == j->joined;
+  send_packet(to, ack, sizeof ack, &dkey, out);
+  if (all_left) free_job(j->key, now);
   return Handled::kAuthentic;
 }
 
@@ -586,10 +725,16 @@ void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, 
 void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out) {
   Shadow& sh = j.sh(idx);
   to_mask &= j.joined;
+  to_mask &= sh.seen;  // an attempt is answered, and only one a worker sent
   for (uint64_t m = to_mask; m; m &= m - 1) {
     const int wk = __builtin_ctzll(m);
-    if (sh.answered[wk] >= sh.seen_attempt[wk]) to_mask &= ~(uint64_t{1} << wk);  // answered already
-    else sh.answered[wk] = sh.seen_attempt[wk];
+    const uint64_t b = uint64_t{1} << wk;
+    if ((sh.answered_any & b) && sh.answered[wk] >= sh.seen_attempt[wk]) {
+      to_mask &= ~b;  // answered already
+    } else {
+      sh.answered_any |= b;
+      sh.answered[wk] = sh.seen_attempt[wk];
+    }
   }
   if (!to_mask) return;
   Header r;
@@ -815,8 +960,7 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
     sh.t_open = now;
     sh.state = kOpen;
     sh.rw = static_cast<uint8_t>(h.type == MsgType::kDataMax ? 4 : proto::wire_int_bytes(h.enc));
-    std::memset(sh.seen_attempt, 0, sizeof sh.seen_attempt);
-    std::memset(sh.answered, 0, sizeof sh.answered);
+    sh.answered_any = 0;
     std::memset(sh.reg, 0, static_cast<size_t>(h.lanes) * sh.rw);
     j.open.push_back(OpenRef{idx, h.seq});
   }
@@ -829,9 +973,8 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
   if (h.flags & proto::kFlagRetransmit) stats_->retransmissions.add();
   const bool was_seen = (sh.seen & bit) != 0;
   sh.seen |= bit;
-  const uint8_t attempt1 = static_cast<uint8_t>(std::min<int>(h.attempt, 254) + 1);
-  const bool new_attempt = attempt1 > sh.seen_attempt[h.worker];
-  if (new_attempt) sh.seen_attempt[h.worker] = attempt1;
+  const bool new_attempt = !was_seen || h.attempt > sh.seen_attempt[h.worker];
+  if (new_attempt) sh.seen_attempt[h.worker] = h.attempt;
   // Liveness (stuck-op recovery, idle expiry) follows first copies only: a copy of a packet
   // already seen may be anybody's recording, and would keep a dead worker or job alive.
   if (!was_seen) {
@@ -868,11 +1011,18 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
   return Handled::kAuthentic;
 }
 
-void Engine::free_job(const JobKey& key) {
+void Engine::free_job(const JobKey& key, uint64_t now) {
   auto it = jobs_.find(key);
   if (it == jobs_.end()) return;
   if (cfg_.data_plane) cfg_.data_plane->job_freed(dp_job(*it->second));
-  budget_->release(it->second->footprint, it->second->source);
+  // Its workers' control floors outlive it for as long as their JOINs' cookies can verify.
+  const Job& j = *it->second;
+  for (uint64_t m = j.floor_set; m; m &= m - 1) {
+    const int w = __builtin_ctzll(m);
+    const ErrorCode again = j.answer[w].type == MsgType::kError ? j.answer[w].error : ErrorCode::kNone;
+    remember_floor(key.id, key.shard, static_cast<uint16_t>(w), j.ctl_nonce[w], again, now);
+  }
+  budget_->release(it->second->footprint, it->second->source, it->second->tenant);
   memory_ -= it->second->footprint;
   jobs_.erase(it);  // its open list goes with it: nothing engine-wide refers to a job
   stats_->jobs_freed.add();
@@ -923,9 +1073,10 @@ void Engine::tick(uint64_t now, Sink& out) {
     for (auto& kv : jobs_)
       if (now > kv.second->last_active && now - kv.second->last_active > cfg_.job_idle_timeout_us) idle.push_back(kv.first);
     for (const JobKey& id : idle) {
-      free_job(id);
+      free_job(id, now);
       stats_->jobs_expired.add();
     }
+    for (auto it = floors_.begin(); it != floors_.end();) it = it->second.until_us <= now ? floors_.erase(it) : std::next(it);
   }
 }
 

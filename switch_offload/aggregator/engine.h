@@ -21,6 +21,7 @@
 // reply, and replies go to the address a verified, cookie-checked JOIN registered.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -39,23 +40,38 @@
 
 namespace thc::switch_offload {
 
-// Limits shared by every engine of a server.
+// Limits shared by every engine of a server: jobs and slot memory in all, per source address, and
+// per tenant (key id). With per-tenant limits whose sum is within the totals (the servers' default:
+// an equal share for every tenant key), no tenant can take what another is guaranteed.
 class Budget {
  public:
-  Budget(int64_t max_jobs, int64_t max_bytes, int64_t max_jobs_per_source = 16)
-      : jobs_(max_jobs), bytes_(max_bytes), per_source_(max_jobs_per_source) {}
-  // A job of `bytes` created on behalf of `source` (an address without port).
-  bool reserve(int64_t bytes, const std::string& source);
-  void release(int64_t bytes, const std::string& source);
+  // 0 for a per-tenant limit: none.
+  Budget(int64_t max_jobs, int64_t max_bytes, int64_t max_jobs_per_source = 16, int64_t max_jobs_per_tenant = 0,
+         int64_t max_bytes_per_tenant = 0)
+      : jobs_(max_jobs), bytes_(max_bytes), per_source_(max_jobs_per_source), tenant_jobs_(max_jobs_per_tenant),
+        tenant_bytes_(max_bytes_per_tenant) {}
+  // A job of `bytes` created on behalf of `source` (an address without port) under tenant key id
+  // `tenant`.
+  bool reserve(int64_t bytes, const std::string& source, uint32_t tenant = 0);
+  void release(int64_t bytes, const std::string& source, uint32_t tenant = 0);
   int64_t jobs_left() const { return jobs_.load(); }
   int64_t bytes_left() const { return bytes_.load(); }
+  // A tenant's equal share of a total (the default per-tenant limit): total / tenants, at least 1.
+  static int64_t share(int64_t total, size_t tenants) {
+    return std::max<int64_t>(1, total / static_cast<int64_t>(std::max<size_t>(1, tenants)));
+  }
 
  private:
+  struct Use {
+    int64_t jobs = 0, bytes = 0;
+  };
   std::atomic<int64_t> jobs_;
   std::atomic<int64_t> bytes_;
   int64_t per_source_;
+  int64_t tenant_jobs_, tenant_bytes_;
   std::mutex mu_;  // job creation and release only, never the data path
   std::map<std::string, int64_t> by_source_;
+  std::map<uint32_t, Use> by_tenant_;
 };
 
 // Control-only mode for a switch data plane (thc-switchd): the engine runs the authenticated JOIN /
@@ -96,16 +112,36 @@ struct EngineConfig {
   int payload_budget = proto::kPayloadBudget1500;  // the aggregator's own path: payload bytes
   uint64_t job_idle_timeout_us = 600'000'000;      // a job nobody talked to for this long is freed
   uint64_t seed = 0;                               // job seeds derive from it; 0 = random
+  // Mixed into every job seed, so that no seed (hence no data key) of one engine's life repeats in
+  // another's, --seed or not: a datagram recorded before a restart never verifies after it. 0 = a
+  // random value from the OS (what the servers use); tests and the fuzzer fix it to be replayable.
+  uint64_t incarnation = 0;
+  // Operator STATS nonces must exceed this (and every nonce answered since). The servers pass the
+  // wall clock at start in ns, the unit of the nonces: a request recorded before a restart carries
+  // an older time and draws nothing from the new process.
+  uint64_t stats_nonce_floor = 0;
   std::shared_ptr<Budget> budget;                  // null = a private budget of 64 jobs / 1 GiB
   std::shared_ptr<const auth::KeyRing> keys;       // tenant keys (and operator key id 0)
   uint16_t shards = 1;                             // job instances per job (server threads)
   bool stats_from_loopback = true;                 // STATS without the operator key from 127/8, ::1
   uint64_t cookie_bucket_us = 30'000'000;
+  // Control nonces remembered for jobs that no longer exist (Engine::floors_) at most; when full,
+  // the cookie secret is rotated instead (no JOIN they guarded against verifies any more).
+  size_t max_join_floors = size_t{1} << 16;
   // Server-wide counters for STATS requests (the server sums its shards); null = this engine's.
   std::function<std::vector<uint64_t>()> stats_snapshot;
   // Non-null: control-only mode for a data plane (see DataPlaneHooks). Not owned.
   DataPlaneHooks* data_plane = nullptr;
 };
+
+// Nanoseconds since the epoch (the unit of operator STATS nonces).
+uint64_t wall_clock_ns();
+
+// A server's budget. A per-tenant limit of 0 means an equal share of the total for every tenant
+// key of the ring (Budget::share), so that the tenants' limits never add up to more than there is.
+std::shared_ptr<Budget> make_server_budget(int64_t max_jobs, int64_t max_bytes, int64_t max_jobs_per_source,
+                                           int64_t max_jobs_per_tenant, int64_t max_bytes_per_tenant,
+                                           const auth::KeyRing& keys);
 
 class Sink {
  public:
@@ -172,9 +208,31 @@ class Engine {
   void complete(Job& j, uint32_t idx, uint64_t counted, bool decided_now, uint64_t now, Sink& out);
   void send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out);
   void send_ack_not_counted(Job& j, const proto::Header& h, Sink& out);
-  void free_job(const JobKey& key);
+  void free_job(const JobKey& key, uint64_t now);
   DataPlaneJob dp_job(const Job& j) const;
   uint64_t new_seed(uint64_t job);
+  // Control nonces of workers of jobs that do not exist (freed, or never created because their
+  // JOIN was refused), kept while a cookie their JOINs carried can still verify (see on_join).
+  struct FloorKey {
+    uint64_t job;
+    uint16_t shard, worker;
+    bool operator==(const FloorKey& o) const { return job == o.job && shard == o.shard && worker == o.worker; }
+  };
+  struct FloorKeyHash {
+    size_t operator()(const FloorKey& k) const {
+      return std::hash<uint64_t>()(k.job * 0x9E3779B97F4A7C15ull ^ (uint64_t{k.shard} << 16 | k.worker));
+    }
+  };
+  struct Floor {
+    uint64_t nonce = 0;
+    uint64_t until_us = 0;  // no cookie made before the entry was written verifies after this
+    proto::ErrorCode answer = proto::ErrorCode::kNone;  // what a repeat of the nonce gets again
+  };
+  void remember_floor(uint64_t job, uint16_t shard, uint16_t worker, uint64_t nonce, proto::ErrorCode answer,
+                      uint64_t now);
+  Handled refuse_join(Job* j, const proto::Header& h, proto::ErrorCode code, Drop why, const auth::TagKey& jkey,
+                      const PeerAddr& to, uint64_t now, Sink& out);
+  void send_join_ack(const Job& j, const proto::Header& h, const proto::JoinAckBody& a, const PeerAddr& to, Sink& out);
 
   EngineConfig cfg_;
   Stats* stats_;
@@ -182,6 +240,8 @@ class Engine {
   std::shared_ptr<const auth::KeyRing> keys_;
   auth::CookieJar cookies_;
   uint64_t seed_state_ = 0;
+  uint64_t incarnation_ = 0;
+  std::unordered_map<FloorKey, Floor, FloorKeyHash> floors_;
   std::unordered_map<JobKey, std::unique_ptr<Job>, JobKeyHash> jobs_;
   int64_t memory_ = 0;
   uint64_t last_gc_us_ = 0;

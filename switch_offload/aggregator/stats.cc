@@ -28,6 +28,7 @@ const char* drop_name(Drop d) {
     case Drop::kCookie: return "cookie";
     case Drop::kStatsDenied: return "stats_denied";
     case Drop::kBadLanes: return "bad_lanes";
+    case Drop::kJobBusy: return "job_busy";
     case Drop::kNotSupported: return "not_supported";
     case Drop::kDataPlane: return "data_plane";
     case Drop::kCount: break;
@@ -40,7 +41,7 @@ std::vector<std::string> stats_names() {
                                 "elements",     "slots_completed",  "partial_completions",
                                 "results_sent", "retransmissions",  "duplicates",      "result_resends",
                                 "late_not_counted", "retractions",  "left_behind", "stuck_completions", "challenges", "jobs_created",    "jobs_freed",
-                                "jobs_expired", "tx_errors",        "drops_total"};
+                                "jobs_expired", "jobs_replaced", "tx_errors",        "drops_total"};
   for (int i = 0; i < static_cast<int>(Drop::kCount); ++i) n.push_back(std::string("drop_") + drop_name(static_cast<Drop>(i)));
   return n;
 }
@@ -54,7 +55,7 @@ std::vector<uint64_t> stats_values(const Stats& s) {
                              s.duplicates.get(),   s.result_resends.get(),  s.late_not_counted.get(),
                              s.retractions.get(),  s.left_behind.get(),     s.stuck_completions.get(),
                              s.challenges.get(),   s.jobs_created.get(),    s.jobs_freed.get(),
-                             s.jobs_expired.get(), s.tx_errors.get(),       total};
+                             s.jobs_expired.get(), s.jobs_replaced.get(),   s.tx_errors.get(),       total};
   for (const Counter& c : s.drops) v.push_back(c.get());
   return v;
 }

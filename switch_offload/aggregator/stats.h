@@ -31,10 +31,12 @@ enum class Drop : int {
   kNoResources,     // join refused: --max-jobs or --max-memory
   kConfigMismatch,  // join parameters differ from the existing job's
   kFault,           // server-side fault injection
-  kReplay,          // a control request older than the worker's last one (or a stale JOIN)
+  kReplay,          // a control request not newer than the worker's last one (a repeat draws its
+                    // answer again), a copy of an answered data attempt, an old STATS nonce
   kCookie,          // JOIN without a valid address cookie (answered with CHALLENGE)
   kStatsDenied,     // STATS neither from loopback nor tagged with the operator key
   kBadLanes,        // lanes differ from what the job negotiated for the packet's encoding
+  kJobBusy,         // a restarted worker's JOIN while the job's earlier run still holds it
   kNotSupported,    // join refused by a data-plane engine (quorum job, other profile, no route)
   kDataPlane,       // a data packet reached a control-only engine (the data plane aggregates)
   kCount
@@ -61,6 +63,7 @@ struct Stats {
   Counter stuck_completions;    // slots of a decided op completed without a member that stopped
   Counter challenges;           // CHALLENGE replies (JOINs without a valid cookie)
   Counter jobs_created, jobs_freed, jobs_expired;
+  Counter jobs_replaced;        // dead instances (every worker restarted) replaced by a new one
   Counter tx_errors;            // sendmsg failures (full socket buffer)
   Counter drops[static_cast<int>(Drop::kCount)];
 };

@@ -180,6 +180,7 @@ int engine_one(const uint8_t* data, size_t size) {
   EngineConfig cfg;
   cfg.max_slots_per_job = kFuzzMaxSlots;
   cfg.seed = 42;
+  cfg.incarnation = 42;  // job seeds replayable from run to run (the cookie secret is random anyway)
   cfg.job_idle_timeout_us = 5'000'000;
   cfg.budget = std::make_shared<Budget>(4, 4 << 20, 3);
   cfg.keys = std::make_shared<auth::KeyRing>(std::vector<auth::Key>{fuzz_key(0), fuzz_key(1)});

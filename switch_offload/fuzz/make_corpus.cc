@@ -146,10 +146,10 @@ void packets() {
 }
 
 // JOIN twice per worker: the first draws the CHALLENGE whose cookie the harness puts into the
-// second.
-void join(std::vector<uint8_t>* s, int peer, const JobId& j, uint16_t w, const JoinParams& p) {
-  frame(s, peer, 0, make_join(j, w, p));
-  frame(s, peer, 0, make_join(j, w, p));
+// second. A worker's control nonces grow over its lives (the aggregator acts on a nonce once).
+void join(std::vector<uint8_t>* s, int peer, const JobId& j, uint16_t w, const JoinParams& p, uint64_t nonce = 1) {
+  frame(s, peer, 0, make_join(j, w, p, nonce));
+  frame(s, peer, 0, make_join(j, w, p, nonce + 1));
 }
 
 void engine_sessions() {
@@ -201,7 +201,8 @@ void engine_sessions() {
     frame(&s, 2, 1, make_values(k, 2, S, 2, 2, WireInt::kU8, {1, 2}, MsgType::kDataValue, kL8));  // left behind
     JoinParams r = q;
     r.flags = kJoinRejoin;
-    join(&s, 2, k, 2, r);
+    join(&s, 2, k, 2, r, 3);
+    frame(&s, 2, 1, make_join(k, 2, r, 4));  // the same REJOIN again: a repeat, answered, not applied
     put("engine", "partial_quorum", s);
   }
   {
@@ -246,11 +247,39 @@ void engine_sessions() {
     frame(&s, 1, 0, make_leave(q, 1, 10));
     JoinParams small = big;
     small.slots = 1;
-    join(&s, 0, q, 0, small);
-    join(&s, 1, q, 1, small);
+    frame(&s, 0, 0, make_join(q, 0, big, 2));  // the first life's JOIN replayed: no job, no answer
+    join(&s, 0, q, 0, small, 20);
+    join(&s, 1, q, 1, small, 20);
     frame(&s, 0, 50, make_values(q, 0, 1, 0, 0, WireInt::kU8, {1}, MsgType::kDataValue, kL8), true);
     frame(&s, 1, 50, make_values(q, 1, 1, 0, 0, WireInt::kU8, {1}, MsgType::kDataValue, kL8), true);
     put("engine", "regress_free_rejoin_fewer_slots", s);
+  }
+  {
+    // Restart (issue 19): both workers of a running job crash and start again with fresh JOINs
+    // (newer nonces): the first is refused as busy (and asks again), the second replaces the dead
+    // instance with a new incarnation; repeats and old JOINs, TABLEs and LEAVEs draw nothing new.
+    std::vector<uint8_t> s;
+    const JobId q = JobId::make(fuzz::fuzz_key(1), 11, 2);
+    join(&s, 0, q, 0, p);
+    join(&s, 1, q, 1, p);
+    frame(&s, 0, 1, make_table(q, 0, thc_table(1), 3));
+    for (uint64_t seq = 0; seq < 6; ++seq)
+      for (uint16_t w = 0; w < 2; ++w)
+        frame(&s, w, 1, make_values(q, w, S, seq, static_cast<uint32_t>(seq), WireInt::kU8, {1}, MsgType::kDataValue, kL8));
+    frame(&s, 0, 1, make_table(q, 0, thc_table(1), 3));  // a repeat: acknowledged again only
+    frame(&s, 0, 1, make_table(q, 0, thc_table(2), 2));  // older: a replay
+    join(&s, 0, q, 0, p, 100);                            // worker 0 restarted: busy
+    frame(&s, 0, 1, make_join(q, 0, p, 101));             // a repeat of the busy JOIN
+    join(&s, 1, q, 1, p, 100);                            // worker 1 too: replaced
+    join(&s, 0, q, 0, p, 102);                            // worker 0 asks again: joins
+    frame(&s, 1, 1, make_join(q, 1, p, 2));               // the first life's JOIN: a replay
+    for (uint64_t seq = 0; seq < 2; ++seq)
+      for (uint16_t w = 0; w < 2; ++w)
+        frame(&s, w, 1, make_values(q, w, S, seq, static_cast<uint32_t>(seq), WireInt::kU8, {2}, MsgType::kDataValue, kL8));
+    frame(&s, 0, 1, make_leave(q, 0, 200));
+    frame(&s, 1, 1, make_leave(q, 1, 200));
+    frame(&s, 1, 1, make_join(q, 1, p, 101));             // after the end: no job is re-created
+    put("engine", "restart_replace", s);
   }
 }
 

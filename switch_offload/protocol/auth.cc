@@ -239,7 +239,9 @@ bool verify(const TagKey& k, const uint8_t* p, size_t len) {
   return sodium_memcmp(want, p + proto::kTagOffset, 8) == 0;
 }
 
-CookieJar::CookieJar(uint64_t bucket_us) : bucket_us_(bucket_us ? bucket_us : 1) {
+CookieJar::CookieJar(uint64_t bucket_us) : bucket_us_(bucket_us ? bucket_us : 1) { rotate(); }
+
+void CookieJar::rotate() {
   ensure_init();
   randombytes_buf(secret_, sizeof secret_);
 }

@@ -88,6 +88,11 @@ class CookieJar {
   void make(const void* addr, size_t addr_len, uint64_t job, uint16_t worker, uint64_t now_us, uint8_t out[16]) const;
   bool check(const void* addr, size_t addr_len, uint64_t job, uint16_t worker, uint64_t now_us,
              const uint8_t cookie[16]) const;
+  // A new secret: no cookie made before verifies any more (so no JOIN carrying one can be replayed,
+  // whatever the aggregator forgot about it).
+  void rotate();
+  // The time until which a cookie made at or before now_us can verify.
+  uint64_t valid_until(uint64_t now_us) const { return (now_us / bucket_us_ + 2) * bucket_us_; }
 
  private:
   uint64_t mac(const void* addr, size_t addr_len, uint64_t job, uint16_t worker, uint64_t bucket) const;

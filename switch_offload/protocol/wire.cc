@@ -48,6 +48,7 @@ const char* error_code_name(ErrorCode e) {
     case ErrorCode::kNoTable: return "no table";
     case ErrorCode::kLeftBehind: return "left behind";
     case ErrorCode::kNotSupported: return "not supported";
+    case ErrorCode::kJobBusy: return "job busy";
   }
   return "?";
 }
@@ -133,7 +134,7 @@ bool is_upstream_data(MsgType t) {
 bool error_code_known(uint32_t c) {
   switch (static_cast<ErrorCode>(c)) {
     case ErrorCode::kUnknownJob: case ErrorCode::kBadWorker: case ErrorCode::kConfigMismatch:
-    case ErrorCode::kNoResources: case ErrorCode::kNoTable: case ErrorCode::kLeftBehind:
+    case ErrorCode::kNoResources: case ErrorCode::kNoTable: case ErrorCode::kLeftBehind: case ErrorCode::kJobBusy:
     case ErrorCode::kNotSupported:
       return true;
     case ErrorCode::kNone: break;
@@ -346,6 +347,8 @@ ParseError parse_join(const uint8_t* p, size_t len, uint16_t nworkers, JoinBody*
   b.payload_budget = load_be16(q + 10);
   b.flags = load_be32(q + 12);
   if ((b.flags & ~kJoinRejoin) != 0) return ParseError::kBadField;
+  for (size_t i = 16; i < 16 + kJoinReservedBytes; ++i)
+    if (q[i] != 0) return ParseError::kBadField;
   if (b.quorum < 1 || b.quorum > nworkers || b.slots < 1 || b.slots > kMaxSlots || b.max_lanes < kLaneQuantum ||
       b.max_lanes > kMaxLanes || b.payload_budget < kLaneQuantum / 2)
     return ParseError::kBadField;
@@ -365,6 +368,7 @@ size_t write_join(const JoinBody& b, uint8_t* out, size_t cap) {
   store_be16(q + 8, b.max_lanes);
   store_be16(q + 10, b.payload_budget);
   store_be32(q + 12, b.flags);
+  std::memset(q + 16, 0, kJoinReservedBytes);
   const size_t t = write_table(b.table, out + kJoinFixedBytes, cap - kJoinFixedBytes);
   return t ? kJoinFixedBytes + t : 0;
 }

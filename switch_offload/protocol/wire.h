@@ -1,4 +1,4 @@
-// The THC aggregation protocol, version 2: the single definition of the packet format (spec:
+// The THC aggregation protocol, version 3: the single definition of the packet format (spec:
 // switch_offload/protocol/README.md). Clients, the software and DPDK aggregators, the fuzzers and a
 // P4 program all use these constants and functions; nothing else may hand-roll a header.
 //
@@ -14,7 +14,7 @@
 namespace thc::switch_offload::proto {
 
 constexpr uint32_t kMagic = 0x54484341;  // "THCA"
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kTagOffset = 56;  // 8-byte tag, the last header field
 
@@ -86,7 +86,9 @@ enum class ErrorCode : uint32_t {
                         // this packet's slot is gone: the worker must rejoin
   kNotSupported = 9,    // a JOIN this aggregator cannot serve: a switch data plane takes no quorum
                         // jobs (k < n) and only the Tofino profile, and reaches only routed workers
-  kMax = 9,
+  kJobBusy = 10,        // a restarted worker's fresh JOIN while the job's earlier run (some of its
+                        // workers have neither restarted nor left) still holds the job instance
+  kMax = 10,
 };
 
 enum class ParseError : uint8_t {
@@ -196,9 +198,13 @@ constexpr uint32_t kResumeKnown = 1;  // resume_seq is known (else: ask again wi
 // index form only for b in {1, 2, 4, 8} (switch_offload/p4/CONTRACT.md).
 constexpr uint32_t kAckDataPlane = 2;
 
-constexpr size_t kJoinFixedBytes = kCookieBytes + 16;
+// The JOIN's fixed part ends in 8 reserved zero bytes: they make the smallest JOIN (no table) at
+// least as large as the JOIN_ACK, so no answer to a JOIN, repeated or not, amplifies.
+constexpr size_t kJoinReservedBytes = 8;
+constexpr size_t kJoinFixedBytes = kCookieBytes + 16 + kJoinReservedBytes;
 constexpr size_t kTableHeaderBytes = 4;
 constexpr size_t kJoinAckBytes = 40;
+static_assert(kJoinFixedBytes + kTableHeaderBytes >= kJoinAckBytes, "a JOIN_ACK must not be larger than its JOIN");
 
 ParseError parse_join(const uint8_t* p, size_t len, uint16_t nworkers, JoinBody* out);
 size_t write_join(const JoinBody& b, uint8_t* out, size_t cap);

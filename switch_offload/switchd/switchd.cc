@@ -29,6 +29,10 @@ std::string job_str(uint64_t id) {
   return std::to_string(proto::job_key_id(id)) + ":" + std::to_string(static_cast<uint32_t>(id));
 }
 
+constexpr const char* kDpReasons[] = {"not_admitted", "bad_format", "bad_slot", "bad_nworkers", "bad_shape", "no_table",
+                                      "b_not_parsed", "stale",      "duplicate", "no_route",   "not_ipv4",  "no_replica"};
+constexpr size_t kDpReasonCount = sizeof kDpReasons / sizeof kDpReasons[0];
+
 class SocketSink final : public Sink {
  public:
   explicit SocketSink(int fd) : fd_(fd) {}
@@ -61,6 +65,9 @@ Switchd::Switchd(const SwitchdOptions& opt, std::unique_ptr<DataPlane> dp)
     : opt_(opt), dp_(std::move(dp)), hooks_(std::make_unique<Hooks>(this)) {
   if (!opt_.keys || opt_.keys->empty())
     fail(Status::kInvalidArgument, "thc-switchd: no keys (--key-file): every job must be authenticated");
+  if (names().size() > static_cast<size_t>(proto::kMaxStatsCounters))
+    fail(Status::kInternal, "thc-switchd: " + std::to_string(names().size()) + " counters do not fit a STATS reply (" +
+                                std::to_string(proto::kMaxStatsCounters) + ")");
   if (!route_for(opt_.ip))
     fail(Status::kInvalidArgument, "thc-switchd: no route for the switch's own address " + ip_str(opt_.ip) +
                                        ": add --route " + ip_str(opt_.ip) +
@@ -296,13 +303,11 @@ void Switchd::run(const std::atomic<bool>& stop) {
 
 std::vector<std::string> Switchd::names() {
   std::vector<std::string> n = stats_names();
+  static_assert(sizeof kDpReasons / sizeof kDpReasons[0] == 12, "CONTRACT.md numbers 12 drop reasons");
   for (const char* s : {"dp_aggregated", "dp_results", "dp_drops_total"}) n.emplace_back(s);
-  // The data plane's drop reasons (CONTRACT.md, include/thc_constants.p4), by counter index.
-  static const char* const kReasons[16] = {"not_admitted", "bad_format", "bad_slot",  "bad_nworkers",
-                                           "bad_shape",    "no_table",   "b_not_parsed", "stale",
-                                           "duplicate",    "no_route",   "not_ipv4",  "no_replica",
-                                           "12",           "13",         "14",        "15"};
-  for (const char* r : kReasons) n.push_back(std::string("dp_drop_") + r);
+  // The data plane's drop reasons (CONTRACT.md, include/thc_constants.p4), by counter index
+  // (drops_total counts every index; a STATS reply holds at most 64 counters).
+  for (const char* r : kDpReasons) n.push_back(std::string("dp_drop_") + r);
   return n;
 }
 
@@ -316,7 +321,7 @@ std::vector<uint64_t> Switchd::stats() {
     for (uint64_t x : c.result) v[base + 1] += x;
     for (size_t i = 0; i < c.drop.size(); ++i) {
       v[base + 2] += c.drop[i];
-      if (i < 16) v[base + 3 + i] = c.drop[i];
+      if (i < kDpReasonCount) v[base + 3 + i] = c.drop[i];
     }
   } catch (const Error& e) {
     log(std::string("reading the data plane's counters failed (STATS shows them as 0): ") + e.what());

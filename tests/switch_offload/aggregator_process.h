@@ -195,6 +195,14 @@ class AggregatorProcess {
     ::unlink(log_.c_str());
   }
   uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // Resident memory of the process (bytes), from /proc.
+  uint64_t resident_bytes() const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/statm");
+    uint64_t size = 0, resident = 0;
+    f >> size >> resident;
+    return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  }
   const std::string& key_file() const { return keys_.path(); }
   // THC_AGGREGATOR_KEY_FILE=... for a worker process of this aggregator.
   std::string key_env() const { return "THC_AGGREGATOR_KEY_FILE=" + keys_.path(); }

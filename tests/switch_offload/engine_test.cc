@@ -162,7 +162,8 @@ TEST_F(EngineTest, JoinGivesEveryWorkerTheSameSeedAndTheNegotiatedLanes) {
   p.max_lanes = 8192;
   p.payload_budget = 8000;
   const JoinAckBody a = join_one(&big, 0, p);
-  EXPECT_EQ(a.max_lanes, 8192);
+  // Lanes no packet of the budget can carry are not granted (nor charged as registers).
+  EXPECT_EQ(a.max_lanes, 1408);
   EXPECT_EQ(a.payload_budget, kPayloadBudget1500);
   EXPECT_EQ(a.shards, 1);
   const int lanes = lanes_for(MsgType::kDataIndex, WireInt::kU8, 4, a.max_lanes, a.payload_budget);
@@ -764,6 +765,7 @@ TEST_F(EngineTest, AFreedJobIdJoinedAgainWithFewerSlotsIsSafe) {
   feed(1, make_leave(j, 1, 100));
   EXPECT_EQ(eng->job_count(), 0u);
   sink.take();
+  nonce_ = 1000;  // the workers' next lives: their nonces are newer than anything they sent before
   join_all(&j, 1, 1, 100);
   now += 1000;
   eng->tick(now, sink);
@@ -784,6 +786,101 @@ TEST_F(EngineTest, WorkersDisagreeingOnAnOpAreRefused) {
   ASSERT_EQ(r.size(), 3u);
   for (const Sent& s : r) EXPECT_EQ(s.h.aux, static_cast<uint32_t>(ErrorCode::kConfigMismatch));
   EXPECT_EQ(drops(Drop::kMismatch), 3u);
+}
+
+// The control rule across a job's end: the floors of a freed job's workers outlive it while their
+// cookies verify, so a replayed JOIN neither re-creates the job nor draws an answer; a refused JOIN
+// replayed when resources are free again does not create the job either (a repeat of it gets the
+// refusal again). When the table of such floors is full, the cookie secret rotates instead:
+// every JOIN made before (replayed or in the middle of a handshake) needs a new CHALLENGE.
+TEST_F(EngineTest, ReplayedJoinsOfFreedOrRefusedJobsCreateNothing) {
+  cfg.max_join_floors = 4;
+  make_engine(1, int64_t{1} << 30);
+  JobId a = job(70, 2);
+  join_all(&a, 2, 4, 0);
+  // What a sniffer recorded of worker 0: its JOIN with the cookie (the second of its handshake).
+  JoinParams p = params(2, 4, 0);
+  feed(0, make_join(a, 0, p, 100));
+  JoinParams withc = p;
+  const std::vector<Sent> ch = sink.take();
+  ASSERT_EQ(ch.size(), 1u);
+  withc.cookie = ch[0].payload.data();
+  const std::vector<uint8_t> rec = make_join(a, 0, withc, 101);
+  feed(0, rec);
+  ASSERT_EQ(of_type(sink.take(), MsgType::kJoinAck).size(), 1u);
+  feed(0, rec);  // a repeat while the job lives: the same JOIN_ACK again
+  ASSERT_EQ(of_type(sink.take(), MsgType::kJoinAck).size(), 1u);
+  feed(0, make_leave(a, 0, 102));
+  feed(1, make_leave(a, 1, 102));
+  EXPECT_EQ(eng->job_count(), 0u);
+  sink.take();
+  const uint64_t created = stats.jobs_created.get(), replays = drops(Drop::kReplay);
+  feed(0, rec);
+  EXPECT_TRUE(sink.take().empty()) << "a replayed JOIN of a finished job drew an answer";
+  EXPECT_EQ(stats.jobs_created.get(), created);
+  EXPECT_EQ(drops(Drop::kReplay), replays + 1);
+
+  // A JOIN refused for want of resources (--max-jobs 1), replayed once the job table has room.
+  JobId b = job(71, 1), c = job(72, 1);
+  join_one(&b, 0, params(1, 4, 0));
+  feed(5, make_join(c, 0, params(1, 4, 0), 200));
+  withc = params(1, 4, 0);
+  const std::vector<Sent> ch2 = sink.take();
+  ASSERT_EQ(ch2.size(), 1u);
+  withc.cookie = ch2[0].payload.data();
+  const std::vector<uint8_t> refused = make_join(c, 0, withc, 201);
+  feed(5, refused);
+  std::vector<Sent> r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kNoResources));
+  feed(0, make_leave(b, 0, 1000));
+  sink.take();
+  EXPECT_EQ(eng->job_count(), 0u);
+  feed(5, refused);  // a repeat: the refusal again, and no job
+  r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.aux, static_cast<uint32_t>(ErrorCode::kNoResources));
+  EXPECT_EQ(eng->job_count(), 0u);
+
+  // Four floors are held now (job a's two workers, b's and c's worker 0): the next one rotates the
+  // cookie secret. A handshake in progress sees one more CHALLENGE; the recordings stay dead.
+  JobId d = job(73, 1);
+  feed(6, make_join(d, 0, params(1, 4, 0), 300));
+  withc = params(1, 4, 0);
+  const std::vector<Sent> ch3 = sink.take();
+  ASSERT_EQ(ch3.size(), 1u);
+  withc.cookie = ch3[0].payload.data();
+  const std::vector<uint8_t> pending = make_join(d, 0, withc, 301);
+  JobId e = job(74, 1);
+  nonce_ = 400;
+  join_one(&e, 0, params(1, 4, 0), 7);
+  feed(7, make_leave(e, 0, 500));  // its floor is the fifth: the table is full
+  sink.take();
+  feed(6, pending);
+  r = sink.take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].h.type, MsgType::kChallenge) << "a cookie made before the rotation still verified";
+  for (const auto* x : {&rec, &refused}) {
+    feed(x == &rec ? 0 : 5, *x);
+    r = sink.take();
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].h.type, MsgType::kChallenge);
+  }
+  EXPECT_EQ(eng->job_count(), 0u);
+}
+
+// Per-tenant limits: a tenant at its share is refused while another tenant still creates jobs.
+TEST(Budget, TenantsCannotTakeEachOthersShare) {
+  Budget b(4, 1000, 16, Budget::share(4, 2), Budget::share(1000, 2));
+  EXPECT_TRUE(b.reserve(100, "a", 2));
+  EXPECT_TRUE(b.reserve(100, "b", 2));
+  EXPECT_FALSE(b.reserve(100, "c", 2)) << "tenant 2 is at its share of jobs";
+  EXPECT_TRUE(b.reserve(450, "a", 1));
+  EXPECT_FALSE(b.reserve(100, "a", 1)) << "tenant 1 would exceed its share of memory";
+  EXPECT_TRUE(b.reserve(50, "a", 1));
+  b.release(100, "a", 2);
+  EXPECT_TRUE(b.reserve(300, "c", 2));
+  EXPECT_EQ(b.jobs_left(), 0);
 }
 
 }  // namespace

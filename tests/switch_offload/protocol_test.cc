@@ -1,4 +1,4 @@
-// The wire format (version 2): golden bytes, lanes, round trips, rejection of every malformed
+// The wire format (version 3): golden bytes, lanes, round trips, rejection of every malformed
 // shape; and its authentication: tags, keys, key files, cookies.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -42,7 +42,7 @@ TEST(SwitchProtocol, HeaderGoldenBytes) {
   ASSERT_EQ(write_header(h, b, sizeof b), kHeaderBytes);
   const uint8_t want[kHeaderBytes] = {
       0x54, 0x48, 0x43, 0x41,  // magic "THCA"
-      0x02, 17, 0x00, 0x0A,    // version 2, DATA_INDEX, flags RETRANSMIT|FIRST
+      0x03, 17, 0x00, 0x0A,    // version 3, DATA_INDEX, flags RETRANSMIT|FIRST
       0, 0, 0, 7, 0x01, 0x02, 0x03, 0x04,  // job: key id 7, label 0x01020304
       0x00, 0x02, 0x00, 0x04,  // worker 2 of 4
       0x80, 0x05,              // slot 21 % 16 = 5, shadow (21/16)&1 = 1
@@ -251,11 +251,11 @@ TEST(SwitchProtocol, RejectsMalformed) {
 
   // Errors carry known codes only.
   Header e = control_header(MsgType::kError, j, 1, 5);
-  for (uint32_t code : {0u, 1u, 6u, 10u, 1000u}) {
+  for (uint32_t code : {0u, 1u, 6u, 11u, 1000u}) {
     e.aux = code;
     EXPECT_EQ(parse_err(make_packet(e, {}, nullptr)), ParseError::kBadField) << code;
   }
-  for (ErrorCode c : {ErrorCode::kLeftBehind, ErrorCode::kNotSupported}) {
+  for (ErrorCode c : {ErrorCode::kLeftBehind, ErrorCode::kNotSupported, ErrorCode::kJobBusy}) {
     e.aux = static_cast<uint32_t>(c);
     EXPECT_EQ(parse_err(make_packet(e, {}, nullptr)), ParseError::kOk);
   }
@@ -295,6 +295,11 @@ TEST(SwitchProtocol, RejectsMalformed) {
   jp = make_join(j, 0, p);
   jp.push_back(0);
   EXPECT_EQ(parse_err(jp), ParseError::kBadLength);
+  // The reserved bytes (they keep every JOIN at least as large as a JOIN_ACK) must be zero.
+  jp = make_join(j, 0, p);
+  EXPECT_GE(jp.size(), kHeaderBytes + kJoinAckBytes) << "a JOIN_ACK would be larger than the smallest JOIN";
+  jp[kHeaderBytes + kJoinFixedBytes - 1] = 1;
+  EXPECT_EQ(parse_join(jp.data() + kHeaderBytes, jp.size() - kHeaderBytes, 4, nullptr), ParseError::kBadField);
 }
 
 TEST(SwitchProtocol, RandomBytesNeverCrashAndAcceptedOnesRoundTrip) {
@@ -423,6 +428,9 @@ TEST(SwitchAuth, CookiesBindAddressJobWorkerAndTime) {
   auth::CookieJar other_jar(1'000'000);  // another aggregator (or a restart): its own secret
   jar.make(addr, 4, 77, 3, 5'500'000, c);
   EXPECT_FALSE(other_jar.check(addr, 4, 77, 3, 5'500'000, c));
+  EXPECT_EQ(jar.valid_until(5'500'000), 7'000'000u) << "no cookie made by then verifies later";
+  jar.rotate();  // a new secret: no earlier cookie verifies
+  EXPECT_FALSE(jar.check(addr, 4, 77, 3, 5'500'000, c));
 }
 
 }  // namespace

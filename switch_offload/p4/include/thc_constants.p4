@@ -1,4 +1,4 @@
-// Constants of the THC aggregation protocol, version 2 (switch_offload/protocol/README.md, wire.h)
+// Constants of the THC aggregation protocol, version 3 (switch_offload/protocol/README.md, wire.h)
 // and of the data plane <-> thc-switchd contract (../CONTRACT.md). Shared by every architecture.
 #ifndef THC_CONSTANTS_P4
 #define THC_CONSTANTS_P4
@@ -7,7 +7,7 @@ const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<8> IPPROTO_UDP = 17;
 
 const bit<32> THC_MAGIC = 0x54484341;  // "THCA"
-const bit<8> THC_VERSION = 2;
+const bit<8> THC_VERSION = 3;
 
 // Message types the data plane acts on (wire.h MsgType).
 const bit<8> THC_DATA_VALUE = 16;

@@ -155,7 +155,10 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
   local_.ip = opt_.ip;
   local_.port = opt_.port;
   local_.verify_udp_checksum = opt_.verify_udp_checksum;
-  budget_ = std::make_shared<Budget>(opt_.max_jobs, opt_.max_memory);
+  if (!opt_.keys || opt_.keys->empty()) fail(Status::kInvalidArgument, "thc-aggregator-dpdk: no keys (--key-file)");
+  budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
+                               opt_.max_memory_per_tenant, *opt_.keys);
+  const uint64_t started_ns = wall_clock_ns();
 
   const int nlanes = std::max(opt_.workers, 1);
   unsigned lcore = rte_get_main_lcore();
@@ -169,6 +172,7 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
     ec.max_slots_per_job = opt_.max_slots;
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) : 0;
+    ec.stats_nonce_floor = started_ns;
     ec.budget = budget_;
     ec.keys = opt_.keys;
     ec.shards = static_cast<uint16_t>(nlanes);

@@ -46,9 +46,12 @@ struct DpdkServerOptions {
   int workers = 1;      // aggregation lcores; 0 = the main lcore aggregates itself
   int max_jobs = 64;
   int64_t max_memory = int64_t{1} << 30;
+  int max_jobs_per_source = 16;        // jobs one source address may hold at once
+  int max_jobs_per_tenant = 0;         // 0: max_jobs / tenant keys
+  int64_t max_memory_per_tenant = 0;   // 0: max_memory / tenant keys
   uint32_t max_slots = 4096;
   uint64_t job_idle_timeout_us = 600'000'000;
-  uint64_t seed = 0;
+  uint64_t seed = 0;                   // 0: random; a random per-process value is mixed in either way
   bool verify_udp_checksum = true;  // false: accept frames with a wrong (e.g. unfilled offload) UDP checksum
   bool tx_udp_checksum = true;      // false: send UDP checksum 0 (allowed for IPv4)
   uint32_t idle_sleep_us = 50;      // sleep this long when a poll loop found nothing for a while; 0 = pure polling

@@ -82,10 +82,20 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-jobs", opt.max_jobs, "concurrent jobs")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-memory", max_memory, "slot memory over all jobs (K/M/G suffixes)")->capture_default_str();
+  std::string max_memory_per_tenant;
+  app.add_option("--max-jobs-per-source", opt.max_jobs_per_source, "jobs one source address may hold")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-jobs-per-tenant", opt.max_jobs_per_tenant,
+                 "jobs one tenant key may hold (0: an equal share of --max-jobs per tenant key)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  app.add_option("--max-memory-per-tenant", max_memory_per_tenant,
+                 "slot memory one tenant key may hold (K/M/G; default: an equal share of --max-memory per tenant key)");
   app.add_option("--max-slots", opt.max_slots, "slots per job (a job's window)")->capture_default_str()->check(CLI::Range(1, 32768));
   app.add_option("--job-idle-timeout", idle_s, "seconds after which a silent job is freed")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--seed", opt.seed, "seed for job seeds (0: random)")->capture_default_str();
+  app.add_option("--seed", opt.seed,
+                 "seed for job seeds (0: random); a random per-process value is mixed in either way, so no job seed "
+                 "repeats after a restart")->capture_default_str();
   app.add_option("--port-file", port_file, "write the UDP port to this file once the port is up (a readiness signal)");
   app.add_option("--idle-sleep-us", opt.idle_sleep_us, "sleep of an idle poll loop in microseconds (0: pure polling)")
       ->capture_default_str()->check(CLI::Range(0, 1000));
@@ -113,6 +123,11 @@ int main(int argc, char** argv) {
   opt.port_id = static_cast<uint16_t>(port_id);
   if (!parse_bytes(max_memory, &opt.max_memory)) {
     std::fprintf(stderr, "thc-aggregator-dpdk: --max-memory '%s' is not a size (e.g. 512M)\n", max_memory.c_str());
+    return 2;
+  }
+  if (!max_memory_per_tenant.empty() && !parse_bytes(max_memory_per_tenant, &opt.max_memory_per_tenant)) {
+    std::fprintf(stderr, "thc-aggregator-dpdk: --max-memory-per-tenant '%s' is not a size (e.g. 512M)\n",
+                 max_memory_per_tenant.c_str());
     return 2;
   }
   if ((opt.ring_size & (opt.ring_size - 1)) != 0) {

@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(64, 8192));
   app.add_option("--max-jobs-per-source", opt.max_jobs_per_source, "jobs one source address may hold")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  std::string max_memory_per_tenant;
+  app.add_option("--max-jobs-per-tenant", opt.max_jobs_per_tenant,
+                 "jobs one tenant key may hold (0: an equal share of --max-jobs per tenant key)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  app.add_option("--max-memory-per-tenant", max_memory_per_tenant,
+                 "slot memory one tenant key may hold (K/M/G; default: an equal share of --max-memory per tenant key)");
   app.add_flag("--no-loopback-stats", no_loopback_stats, "STATS only with the operator key, also from loopback");
   app.add_flag("--no-gso", no_gso, "send replies one datagram per message (no UDP_SEGMENT)");
   app.add_flag("--no-gro", no_gro, "receive one datagram per message (no UDP_GRO)");
@@ -63,7 +69,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-slots", opt.max_slots, "slots per job (a job's window)")->capture_default_str()->check(CLI::Range(1, 32768));
   app.add_option("--job-idle-timeout", idle_s, "seconds after which a silent job is freed")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--seed", opt.seed, "seed for job seeds (0: random)")->capture_default_str();
+  app.add_option("--seed", opt.seed,
+                 "seed for job seeds (0: random); a random per-process value is mixed in either way, so no job seed "
+                 "repeats after a restart")->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
   app.add_option("--fault-drop", opt.fault.drop, "probability to drop a datagram (each direction)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--fault-dup", opt.fault.dup, "probability to duplicate a datagram")->check(CLI::Range(0.0, 1.0));
@@ -76,6 +84,11 @@ int main(int argc, char** argv) {
   opt.port = static_cast<uint16_t>(port);
   if (!parse_bytes(max_memory, &opt.max_memory)) {
     std::fprintf(stderr, "thc-aggregator: --max-memory '%s' is not a size (e.g. 512M)\n", max_memory.c_str());
+    return 2;
+  }
+  if (!max_memory_per_tenant.empty() && !parse_bytes(max_memory_per_tenant, &opt.max_memory_per_tenant)) {
+    std::fprintf(stderr, "thc-aggregator: --max-memory-per-tenant '%s' is not a size (e.g. 512M)\n",
+                 max_memory_per_tenant.c_str());
     return 2;
   }
   if (opt.fault.delay_us > 0 && opt.fault.delay_prob == 0) opt.fault.delay_prob = 1.0;

@@ -94,7 +94,9 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
     fail(Status::kInvalidArgument, "thc-aggregator: --max-lanes must be a multiple of 64 in 64..8192");
   if (!opt_.keys || opt_.keys->empty())
     fail(Status::kInvalidArgument, "thc-aggregator: no keys (--key-file): every job must be authenticated");
-  budget_ = std::make_shared<Budget>(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source);
+  budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
+                               opt_.max_memory_per_tenant, *opt_.keys);
+  const uint64_t started_ns = wall_clock_ns();
   for (int t = 0; t < opt_.threads; ++t) {
     auto s = std::make_unique<Shard>();
     s->index = t;
@@ -150,6 +152,7 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
     // Distinct seed streams per shard; a job always lands on the same shard.
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s->index) : 0;
+    ec.stats_nonce_floor = started_ns;
     ec.budget = budget_;
     ec.stats_snapshot = [this] { return stats(); };
     s->engine = std::make_unique<Engine>(ec, &s->stats);

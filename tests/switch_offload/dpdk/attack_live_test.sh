@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Attack on thc-aggregator-dpdk's MAC learning: the aggregator answers each peer at the MAC its
-# frames came from, and must learn that MAC only from frames that prove something. Two network
-# namespaces joined by a veth pair (as live_test.sh); in namespace B, three thc_udp_worker
-# processes run a job while thc_dpdk_replay, on the same link, resends some of their data frames
-# with a forged Ethernet source (genuine tags: replays) and counts what the aggregator then sends
-# to the forged MAC. Pass: every worker's result is exact and nothing was redirected.
+# Attacks on thc-aggregator-dpdk. Two network namespaces joined by a veth pair (as live_test.sh).
+# 1. MAC learning: the aggregator answers each peer at the MAC its frames came from, and must
+#    learn that MAC only from frames that prove something. In namespace B, three thc_udp_worker
+#    processes run a job while thc_dpdk_replay, on the same link, resends some of their data
+#    frames with a forged Ethernet source (genuine tags: replays) and counts what the aggregator
+#    then sends to the forged MAC. Pass: every worker's result is exact and nothing was redirected.
+# 2. Restart: thc_dpdk_replay also recorded the workers' data frames of run 1. The aggregator is
+#    restarted with the same --seed, and a second run of the same job label (other data) runs
+#    while the recording is injected again and again. Pass: exact results, and every injected
+#    frame failed authentication (job seeds never repeat across processes, --seed or not).
 #
 #   attack_live_test.sh THC_AGGREGATOR_DPDK THC_UDP_WORKER THC_WL_EXPECTED THC_DPDK_REPLAY
 # Exit 0: pass; 77: skipped (not root, no network namespaces or veth); anything else: failure.
@@ -61,7 +65,7 @@ while [ ! -s "$TMP/port" ]; do
   sleep 0.1
 done
 
-ip netns exec "$NSB" timeout -k 5 120 "$REPLAY" "$VB" "$FAKE_MAC" "$PORT" >"$TMP/replay.out" 2>&1 &
+ip netns exec "$NSB" timeout -k 5 120 "$REPLAY" "$VB" "$FAKE_MAC" "$PORT" "$TMP/recorded" >"$TMP/replay.out" 2>&1 &
 REPLAY_PID=$!
 sleep 0.2
 pids=()
@@ -96,4 +100,63 @@ if [ -z "$replayed" ] || [ -z "$redirected" ]; then die "thc_dpdk_replay printed
 [ "$bad" = 0 ] || die "workers failed under the replay attack"
 [ "$redirected" = 0 ] ||
   die "$redirected frames went to the attacker's MAC: replayed data frames re-pointed the workers' MAC"
+[ -s "$TMP/recorded" ] || die "nothing was recorded of run 1"
+
+# 2. Restart with the same --seed; run 2 (another element count: other data) under the recording.
+COUNT2=$((COUNT + 7))
+EXP2=$TMP/expected2
+"$EXPECTED" "$WORLD" "$COUNT2" "$EXP2" >/dev/null || die "thc_wl_expected failed"
+rm -f "$TMP/port"
+ip netns exec "$NSA" "$AGG" --no-huge -m 512 --no-pci --file-prefix="$PREFIX" "--lcores=0@${CPU:-0},1@${CPU:-0}" \
+  --vdev="net_af_packet0,iface=$VA" -- --ip "$AGG_IP" --port "$PORT" --key-file "$KEYS" --workers 1 \
+  --port-file "$TMP/port" --stats-interval 0 --seed 7 $CSUM_OPT >"$TMP/agg2.log" 2>&1 &
+AGG_PID=$!
+deadline=$((SECONDS + 30))
+while [ ! -s "$TMP/port" ]; do
+  kill -0 "$AGG_PID" 2>/dev/null || { cat "$TMP/agg2.log"; die "the restarted aggregator exited during startup"; }
+  [ "$SECONDS" -lt "$deadline" ] || { cat "$TMP/agg2.log"; die "the restarted aggregator was not ready within 30 s"; }
+  sleep 0.1
+done
+ip netns exec "$NSB" timeout -k 5 120 "$REPLAY" "$VB" inject "$TMP/recorded" >"$TMP/inject.out" 2>&1 &
+INJECT_PID=$!
+deadline=$((SECONDS + 10))
+until grep -q '^ready' "$TMP/inject.out" 2>/dev/null; do
+  kill -0 "$INJECT_PID" 2>/dev/null || { cat "$TMP/inject.out"; die "the injector exited"; }
+  [ "$SECONDS" -lt "$deadline" ] || die "the injector did not start"
+  sleep 0.05
+done
+pids=()
+for r in $(seq 0 $((WORLD - 1))); do
+  ip netns exec "$NSB" env THC_AGGREGATOR_KEY_FILE="$KEYS" timeout -k 5 90 "$WORKER" "udp://$AGG_IP:$PORT" "$r" \
+    "$WORLD" 21 "$COUNT2" "$TMP/out2.$r" >"$TMP/worker2.$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in $(seq 0 $((WORLD - 1))); do
+  wait_pid "${pids[$r]}" 100
+  if [ "$WAIT_STATUS" != 0 ]; then
+    echo "run 2, worker $r exited with $WAIT_STATUS:"
+    cat "$TMP/worker2.$r.log"
+    bad=1
+  elif ! cmp -s "$TMP/out2.$r" "$EXP2"; then
+    echo "run 2, worker $r: result differs from the exact result"
+    bad=1
+  fi
+done
+kill -INT "$INJECT_PID" 2>/dev/null
+wait_pid "$INJECT_PID" 10
+cat "$TMP/inject.out"
+kill -INT "$AGG_PID" 2>/dev/null
+wait_pid "$AGG_PID" 20
+AGG_PID=
+grep "final stats:" "$TMP/agg2.log"
+injected=$(awk '$1 == "injected" {print $2}' "$TMP/inject.out")
+final2=$(grep "final stats:" "$TMP/agg2.log")
+bad_tags=$(stat "$final2" drop_bad_tag)
+unknown=$(stat "$final2" drop_unknown_job)  # injected after run 2's job ended
+[ -n "$injected" ] && [ "$injected" -gt 0 ] || die "nothing of run 1 was injected into run 2"
+[ "$bad" = 0 ] || die "workers of run 2 failed while run 1's frames were replayed after the restart"
+[ $((bad_tags + unknown)) -ge "$injected" ] ||
+  die "of $injected frames of run 1, only $bad_tags failed authentication after the restart and $unknown found no job:" \
+    "the rest verified in run 2's job (--seed 7 both times)"
+[ "$bad_tags" -gt 0 ] || die "no frame of run 1 reached run 2's job (the attack did not run)"
 echo "PASS"

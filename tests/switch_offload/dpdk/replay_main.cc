@@ -1,9 +1,14 @@
-// thc_dpdk_replay IFACE FAKE_MAC AGG_PORT: an attacker on the workers' link. It watches the
-// workers' data frames going out of IFACE (a packet socket sees them), sends every fourth one
-// again with its Ethernet source replaced by FAKE_MAC (same IP and UDP addresses, same genuine
-// protocol tag: a replay), and counts the frames that come back addressed to FAKE_MAC: results
-// the aggregator sent to the attacker's MAC instead of the workers'. Runs until SIGINT/SIGTERM,
+// thc_dpdk_replay IFACE FAKE_MAC AGG_PORT [RECORD_FILE]: an attacker on the workers' link. It
+// watches the workers' data frames going out of IFACE (a packet socket sees them), sends every
+// fourth one again with its Ethernet source replaced by FAKE_MAC (same IP and UDP addresses, same
+// genuine protocol tag: a replay), and counts the frames that come back addressed to FAKE_MAC:
+// results the aggregator sent to the attacker's MAC instead of the workers'. With RECORD_FILE it
+// also records the workers' data frames there (as sniffed, unaltered). Runs until SIGINT/SIGTERM,
 // then prints "replayed N" and "redirected M" (frames) for the live test to check (M must be 0).
+//
+// thc_dpdk_replay IFACE inject RECORD_FILE: sends the recorded frames out of IFACE again and again
+// (a recording of an earlier run, e.g. before the aggregator restarted) until SIGINT/SIGTERM, then
+// prints "injected N".
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
@@ -17,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "switch_offload/protocol/wire.h"
@@ -48,16 +54,17 @@ bool is_data_to(const uint8_t* f, size_t n, uint16_t agg_port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s IFACE FAKE_MAC AGG_PORT\n", argv[0]);
+  const bool inject = argc == 4 && std::strcmp(argv[2], "inject") == 0;
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s IFACE FAKE_MAC AGG_PORT [RECORD_FILE] | %s IFACE inject RECORD_FILE\n", argv[0], argv[0]);
     return 2;
   }
-  uint8_t fake[6];
-  if (!parse_mac(argv[2], fake)) {
+  uint8_t fake[6] = {};
+  if (!inject && !parse_mac(argv[2], fake)) {
     std::fprintf(stderr, "thc_dpdk_replay: bad MAC %s\n", argv[2]);
     return 2;
   }
-  const auto agg_port = static_cast<uint16_t>(std::atoi(argv[3]));
+  const auto agg_port = static_cast<uint16_t>(inject ? 0 : std::atoi(argv[3]));
   const unsigned ifindex = if_nametoindex(argv[1]);
   if (ifindex == 0) {
     std::perror("thc_dpdk_replay: if_nametoindex");
@@ -81,6 +88,37 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  if (inject) {
+    // Records: u32 length (host order), then the frame.
+    std::ifstream in(argv[3], std::ios::binary);
+    std::vector<std::vector<uint8_t>> frames;
+    uint32_t n = 0;
+    while (in.read(reinterpret_cast<char*>(&n), sizeof n) && n <= 65536) {
+      std::vector<uint8_t> f(n);
+      if (!in.read(reinterpret_cast<char*>(f.data()), n)) break;
+      frames.push_back(std::move(f));
+    }
+    if (frames.empty()) {
+      std::fprintf(stderr, "thc_dpdk_replay: no frames in %s\n", argv[3]);
+      return 1;
+    }
+    std::printf("ready %zu\n", frames.size());
+    std::fflush(stdout);
+    unsigned long long injected = 0;
+    while (!g_stop) {
+      for (const auto& f : frames) {
+        if (g_stop) break;
+        if (::send(fd, f.data(), f.size(), 0) == static_cast<ssize_t>(f.size())) ++injected;
+        ::usleep(200);
+      }
+    }
+    ::close(fd);
+    std::printf("injected %llu\n", injected);
+    return 0;
+  }
+  std::ofstream rec;
+  if (argc == 5) rec.open(argv[4], std::ios::binary | std::ios::trunc);
+
   std::vector<uint8_t> f(65536);
   unsigned long long seen = 0, replayed = 0, redirected = 0;
   while (!g_stop) {
@@ -96,6 +134,12 @@ int main(int argc, char** argv) {
     }
     // Our own replays go out of this interface too: leave them alone.
     if (std::memcmp(f.data() + 6, fake, 6) == 0 || !is_data_to(f.data(), static_cast<size_t>(n), agg_port)) continue;
+    if (rec.is_open()) {
+      const uint32_t len = static_cast<uint32_t>(n);
+      rec.write(reinterpret_cast<const char*>(&len), sizeof len);
+      rec.write(reinterpret_cast<const char*>(f.data()), n);
+      rec.flush();
+    }
     if (seen++ % 4 != 0) continue;
     std::memcpy(f.data() + 6, fake, 6);
     if (::send(fd, f.data(), static_cast<size_t>(n), 0) == n) ++replayed;

@@ -242,6 +242,13 @@ struct UdpReducer::Impl {
       st.ignored++;
       return;
     }
+    if (ctl && code == proto::ErrorCode::kJobBusy) {
+      // An answer to our JOIN, not a failure yet: join() waits and asks again.
+      ctl_have = true;
+      ctl_hdr = h;
+      ctl_payload.clear();
+      return;
+    }
     std::string what = std::string("aggregator rejected ") + (ctl ? "a request" : "packet seq " + std::to_string(h.seq)) +
                        ": " + proto::error_code_name(code);
     Status s = Status::kTransport;
@@ -260,7 +267,8 @@ struct UdpReducer::Impl {
       case proto::ErrorCode::kConfigMismatch:
         s = Status::kConfigMismatch;
         what += " (workers disagree on world size, quorum, quorum timeout, lanes or path MTU, or on the operation "
-                "sequence)";
+                "sequence; or an earlier run of this job label that did not end cleanly still holds it: the "
+                "aggregator frees it after its --job-idle-timeout of silence)";
         break;
       case proto::ErrorCode::kNoResources:
         what += " (aggregator --max-jobs, --max-memory or --max-jobs-per-source reached)";
@@ -733,6 +741,13 @@ struct UdpReducer::Impl {
   void join(bool rejoin, bool register_only = false) {
     const uint64_t start = mono_us();
     uint8_t cookie[proto::kCookieBytes] = {};
+    bool busy = false;  // the aggregator answered "job busy": what the wait is for, if it runs out
+    auto busy_msg = [&] {
+      return where() + ": the job is busy: an earlier run of job label " + std::to_string(opt.job_label) +
+             " still holds it at the aggregator (some of its workers have neither restarted nor left). It is "
+             "replaced as soon as every worker of that run has restarted, freed when they all LEAVE, or after "
+             "the aggregator's --job-idle-timeout (default 600 s) of silence; or use another job label";
+    };
     for (;;) {
       proto::JoinBody b;
       std::memcpy(b.cookie, cookie, sizeof cookie);
@@ -745,10 +760,24 @@ struct UdpReducer::Impl {
       std::vector<uint8_t> body(proto::kJoinFixedBytes + proto::kTableHeaderBytes);
       body.resize(proto::write_join(b, body.data(), body.size()));
       const double left = opt.max_wait_ms - static_cast<double>(mono_us() - start) / 1000.0;
-      if (left <= 0) die(Status::kTimeout, where() + ": timeout: could not (re)join the job within max_wait_ms");
+      if (left <= 0)
+        die(Status::kTimeout, busy ? busy_msg() : where() + ": timeout: could not (re)join the job within max_wait_ms");
       const proto::Header r = control(proto::MsgType::kJoin, body, jkey, left);
       if (r.type == proto::MsgType::kChallenge) {
         std::memcpy(cookie, ctl_payload.data(), sizeof cookie);
+        continue;
+      }
+      if (r.type == proto::MsgType::kError) {
+        // Job busy: this worker restarted while the job's earlier run holds the job instance. It is
+        // replaced once every worker of that run has come back (a run restarted after a crash starts
+        // one worker at a time), so ask again shortly, within max_wait_ms.
+        busy = true;
+        if (static_cast<double>(mono_us() - start) / 1000.0 + 50 >= opt.max_wait_ms) die(Status::kTimeout, busy_msg());
+        const uint64_t t0 = mono_us();
+        while (mono_us() - t0 < 50'000) {
+          progress();
+          ch->wait_us(5'000);
+        }
         continue;
       }
       if (r.type != proto::MsgType::kJoinAck) die(Status::kTransport, where() + ": unexpected reply to JOIN");
