@@ -265,8 +265,8 @@ start_bmv2() {  # LOGPREFIX -> AGG_URLS
   AGG_URLS="udp://$BMV2_IP:9471"
 }
 stop_bmv2() {
-  local br=$THC_TESTBED_BRIDGE_NS i ns
   (( BMV2_UP )) || return 0
+  local br=$THC_TESTBED_BRIDGE_NS i ns
   BMV2_UP=0
   ip -n "$br" link del bmv0 2>/dev/null
   ip -n "$br" link del bmc15 2>/dev/null
