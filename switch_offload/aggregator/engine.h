@@ -95,9 +95,10 @@ class DataPlaneHooks {
   // refuses that JOIN with an ERROR of the code, and no job exists.
   virtual proto::ErrorCode job_created(const DataPlaneJob& j) = 0;
   // A cookie-checked JOIN of worker w from `at`, before its JOIN_ACK is sent (so the data plane
-  // admits the worker's datagrams before the worker may send any). Called for every such JOIN:
-  // a retransmitted one (same address) and a worker that joins again from a new address (whose
-  // old admission it replaces). kNone accepts; otherwise the JOIN gets an ERROR of that code.
+  // admits the worker's datagrams before the worker may send any). Called for every JOIN that
+  // draws a new JOIN_ACK, also a worker's JOIN from a new address (whose old admission it
+  // replaces); a repeat of the worker's newest JOIN gets the same answer again without a call.
+  // kNone accepts; otherwise the JOIN gets an ERROR of that code.
   virtual proto::ErrorCode worker_joined(const DataPlaneJob& j, uint16_t w, const PeerAddr& at) = 0;
   // A table installed by a JOIN or TABLE, before its acknowledgement; a retransmitted TABLE does
   // not call it again. kNone accepts; otherwise the request gets an ERROR of that code.
