@@ -1,6 +1,7 @@
 // The UDP client against a real thc-aggregator process on 127.0.0.1: 4 workers as threads and
 // as separate processes, lossless and with seeded loss/duplication/reordering/delay on either
-// side; stragglers and partial aggregation; a dead worker; job isolation under noise.
+// side; which mechanism recovers a particular loss; stragglers and partial aggregation; a dead
+// worker; job isolation under noise.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include "switch_offload/protocol/builder.h"
 #include "tests/switch_offload/aggregator_process.h"
 #include "tests/transport/switch_client/workload.h"
+#include "transport/switch_client/channel.h"
 #include "transport/switch_client/udp/udp_client.h"
 
 namespace {
@@ -24,6 +26,7 @@ namespace {
 using thc::Error;
 using thc::Status;
 using thc::test::AggregatorProcess;
+using thc::transport::DatagramChannel;
 using thc::transport::IntType;
 using thc::transport::UdpClientOptions;
 using thc::transport::UdpReducer;
@@ -205,6 +208,182 @@ INSTANTIATE_TEST_SUITE_P(
                       FaultCase{"delay", 0.01, 0.05, 0.05, 3000, false},
                       FaultCase{"server_loss10_dup_reorder", 0.10, 0.05, 0.05, 0, true}),
     [](const ::testing::TestParamInfo<FaultCase>& i) { return std::string(i.param.name); });
+
+// A UDP channel to the aggregator that drops the datagrams `drop` picks (up: sent by the
+// worker; else received by it): the fault layer's random loss made exact, to see which mechanism
+// recovers one particular loss.
+class DropChannel final : public DatagramChannel {
+ public:
+  using Pick = std::function<bool(const thc::switch_offload::proto::Header&, bool up)>;
+  DropChannel(const std::string& url, Pick drop) : in_(thc::transport::make_udp_channel(url)), drop_(std::move(drop)) {}
+  void send(const uint8_t* p, size_t n) override {
+    if (!picked(p, n, true)) in_->send(p, n);
+  }
+  void flush() override { in_->flush(); }
+  size_t recv(uint8_t* buf, size_t cap) override {
+    for (;;) {
+      const size_t n = in_->recv(buf, cap);
+      if (n == 0 || !picked(buf, n, false)) return n;
+    }
+  }
+  void wait_us(uint64_t t) override { in_->wait_us(t); }
+  int poll_fd() const override { return in_->poll_fd(); }
+  bool pending() const override { return in_->pending(); }
+  int payload_budget() const override { return in_->payload_budget(); }
+  std::string kind() const override { return in_->kind(); }
+  std::string peer() const override { return in_->peer(); }
+  int dropped() const { return dropped_.load(); }
+
+ private:
+  bool picked(const uint8_t* p, size_t n, bool up) {
+    thc::switch_offload::proto::Header h;
+    const uint8_t* pl = nullptr;
+    size_t plen = 0;
+    if (thc::switch_offload::proto::parse(p, n, &h, &pl, &plen) != thc::switch_offload::proto::ParseError::kOk ||
+        !drop_(h, up))
+      return false;
+    dropped_++;
+    return true;
+  }
+  std::unique_ptr<DatagramChannel> in_;
+  Pick drop_;
+  std::atomic<int> dropped_{0};
+};
+
+// One long op (400 packets of 64 lanes) over `world` threads, each with its own DropChannel;
+// retransmission timers of 5 s, so that a loss recovered by a timer shows as a timeout (and the
+// test takes seconds). A window of 32 in 256 slots: the packets behind a hole keep going while it
+// is repaired. Returns each rank's statistics.
+std::vector<thc::transport::UdpClientStats> run_targeted(const AggregatorProcess& agg, uint32_t job, int world,
+                                                         const std::function<DropChannel::Pick(int)>& pick,
+                                                         std::vector<int>* dropped) {
+  constexpr uint64_t n = 64 * 400;
+  std::vector<thc::transport::UdpClientStats> st(world);
+  dropped->assign(world, 0);
+  const auto err = run_threads(world, [&](int r) {
+    UdpClientOptions o = opts(agg, r, world, job);
+    o.slots = 256;
+    o.window_max = 32;
+    o.max_lanes = 64;
+    o.rto_initial_ms = o.rto_min_ms = o.rto_max_ms = 5000;
+    auto ch = std::make_unique<DropChannel>(agg.url(), pick(r));
+    DropChannel* chp = ch.get();
+    UdpReducer red(o, std::move(ch));
+    std::vector<uint8_t> v(n);
+    for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 7 + static_cast<uint64_t>(r)) % 50);
+    red.start_sum(v.data(), n, IntType::kU8)->wait();
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t want = 0;
+      for (int w = 0; w < world; ++w) want += static_cast<uint32_t>((i * 7 + static_cast<uint64_t>(w)) % 50);
+      ASSERT_EQ(v[i], static_cast<uint8_t>(want)) << "rank " << r << " element " << i;
+    }
+    st[r] = red.stats();
+    (*dropped)[r] = chp->dropped();
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+  return st;
+}
+
+using thc::switch_offload::proto::Header;
+using thc::switch_offload::proto::MsgType;
+bool is_data(const Header& h) { return h.type == MsgType::kDataValue; }
+
+TEST(UdpClientRecovery, LostRetransmissionIsFoundByLaterResultsNotByTheTimer) {
+  // Rank 0 loses packet 100 and its first resend. Both are found by the results of packets sent
+  // after them (the window keeps going past the hole), so no timer fires.
+  AggregatorProcess agg;
+  std::vector<int> dropped;
+  const auto st = run_targeted(agg, 200, 2, [](int r) -> DropChannel::Pick {
+    return [r](const Header& h, bool up) { return r == 0 && up && is_data(h) && h.seq == 100 && h.attempt < 2; };
+  }, &dropped);
+  EXPECT_EQ(dropped[0], 2);
+  EXPECT_GE(st[0].fast_retransmits, 2u) << "the hole and the lost resend, found by later results";
+  EXPECT_GE(st[1].fast_retransmits, 1u) << "rank 1 sees the hole too (it cannot tell whose copy is missing)";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(st[r].timeouts, 0u) << "rank " << r;
+}
+
+TEST(UdpClientRecovery, LostResultIsFoundByLaterResultsAndAnsweredFromTheFinishedSlot) {
+  // The slot of packet 100 completes, but its result to rank 0 is lost: the results of later
+  // packets reveal it, the resend draws the stored result again.
+  AggregatorProcess agg;
+  std::vector<int> dropped;
+  const auto st = run_targeted(agg, 201, 2, [](int r) -> DropChannel::Pick {
+    auto first = std::make_shared<bool>(true);
+    return [r, first](const Header& h, bool up) {
+      if (r != 0 || up || h.type != MsgType::kResult || h.seq != 100 || !*first) return false;
+      *first = false;
+      return true;
+    };
+  }, &dropped);
+  EXPECT_EQ(dropped[0], 1);
+  EXPECT_EQ(st[0].timeouts, 0u);
+  EXPECT_GE(st[0].fast_retransmits, 1u);
+  EXPECT_EQ(st[1].retransmissions, 0u) << "rank 1 got every result";
+  EXPECT_GE(agg.stat("result_resends"), 1u);
+}
+
+TEST(UdpClientRecovery, RandomLossIsNotTakenForCongestion) {
+  // 2 % seeded loss each way at 4 workers: the holes are isolated, so the window is not cut.
+  // 30 % each way at 2 workers is more than random loss (loss_tolerance 10 % per path crossing),
+  // and cuts it.
+  AggregatorProcess agg;
+  struct Case {
+    double drop;
+    int world;
+    uint64_t packets;
+  };
+  for (const Case c : {Case{0.02, kWorld, 2000}, Case{0.3, 2, 600}}) {
+    std::vector<uint64_t> cuts(c.world), fast(c.world);
+    const auto err = run_threads(c.world, [&](int r) {
+      UdpClientOptions o = opts(agg, r, c.world, c.drop < 0.1 ? 210 : 211);
+      o.slots = 256;
+      o.max_lanes = 64;
+      o.fault.drop = c.drop;
+      o.fault.seed = 4242 + static_cast<uint64_t>(r);
+      UdpReducer red(o);
+      const uint64_t n = 64 * c.packets;
+      std::vector<uint8_t> v(n, static_cast<uint8_t>(r + 1));
+      red.start_sum(v.data(), n, IntType::kU8)->wait();
+      const uint8_t want = static_cast<uint8_t>(c.world * (c.world + 1) / 2);
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(v[i], want) << "rank " << r << " element " << i;
+      cuts[r] = red.stats().loss_cuts;
+      fast[r] = red.stats().fast_retransmits;
+    });
+    for (int r = 0; r < c.world; ++r) {
+      ASSERT_EQ(err[r], "") << "rank " << r;
+      EXPECT_GT(fast[r], 0u) << "drop " << c.drop << " rank " << r;
+      if (c.drop < 0.1) EXPECT_EQ(cuts[r], 0u) << "rank " << r << ": isolated losses cut the window";
+      else EXPECT_GT(cuts[r], 0u) << "rank " << r << ": heavy loss must still cut the window";
+    }
+  }
+}
+
+TEST(UdpClientRecovery, AStallIsNotABlackout) {
+  // Rank 1 starts its op 400 ms late: rank 0's packets go unanswered, its timer expires three
+  // times in a row and it resets the window (persistent congestion). Then the packets it sent
+  // before and never resent are answered: their first copies went through, it was a stall, and
+  // the reset is undone.
+  AggregatorProcess agg;
+  constexpr uint64_t n = 256 * 20;  // 20 packets, all in flight at once
+  std::vector<thc::transport::UdpClientStats> st(2);
+  Barrier sync(2);
+  const auto err = run_threads(2, [&](int r) {
+    UdpClientOptions o = opts(agg, r, 2, 220);
+    o.slots = 64;
+    UdpReducer red(o);
+    sync.arrive_and_wait();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    std::vector<uint8_t> v(n, static_cast<uint8_t>(r + 1));
+    red.start_sum(v.data(), n, IntType::kU8)->wait();
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(v[i], 3) << "rank " << r << " element " << i;
+    st[r] = red.stats();
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  EXPECT_GE(st[0].timeouts, 6u) << "three expiries of two probes";
+  EXPECT_GE(st[0].collapses, 1u);
+  EXPECT_GE(st[0].spurious, 1u) << "the reset is undone";
+  EXPECT_GE(st[0].cwnd, 32.0) << "the window is back where it was";
+}
 
 // Separate processes via posix_spawn (fork+exec), faults from the THC_FAULT_* environment.
 void run_processes(const AggregatorProcess& agg, uint32_t job, const std::vector<std::string>& env,

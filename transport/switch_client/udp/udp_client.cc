@@ -70,8 +70,7 @@ struct Pkt {
   uint64_t seq = 0;
   uint64_t first_send = 0;
   uint64_t last_send = 0;
-  uint64_t deadline = 0;   // next retransmission
-  uint32_t rto_us = 0;     // current (backed off) timeout of this packet
+  uint64_t xn = 0;         // transmission number of its newest copy (RACK's "sent after")
   uint32_t len = 0;
   int sends = 0;
   bool done = false;
@@ -110,7 +109,8 @@ struct UdpReducer::Impl {
   uint64_t next_seq = 0;   // next data packet sequence number to assign
   uint32_t next_op = 0;
   uint64_t base = 0;       // lowest seq without a result
-  uint64_t sent_end = 0;   // seqs [base, sent_end) are in flight
+  uint64_t sent_end = 0;   // seqs [base, sent_end) were sent
+  uint64_t inflight = 0;   // of which without a result: what the congestion window bounds
   std::vector<Pkt> ring;   // [seq % S]
   std::vector<uint8_t> arena;  // [seq % S] * max_dgram: the packets' bytes, built once
   size_t max_dgram = 0;
@@ -121,15 +121,33 @@ struct UdpReducer::Impl {
   bool slow_start = true;
   double srtt = 0, rttvar = 0, min_rtt = 0;
   bool have_rtt = false;
-  uint64_t last_cut = 0;
   double tokens = 0;       // pacing credit, bytes
   uint64_t token_time = 0;
-  uint64_t next_rto_check = kNever;
-  uint64_t rack_next = 0;  // seqs below this were already checked by fast loss detection
+  // The retransmission timer (one per instance, as TCP's): it expires rto (doubled per expiry
+  // without an answer in between) after the last result, or after the oldest send in flight.
+  uint64_t timer_ref = 0;
+  int backoff = 0;
   double round_min = 1e18, standing = 0;  // smallest RTT sample of this / the last round trip
   uint64_t round_start = 0;
-  double cwnd_before_loss = 0;
-  uint64_t loss_time = 0;
+  uint64_t collapse_time = 0;  // the window was reset then, and no answer has come since
+  double cwnd_before_collapse = 0;
+  bool slow_start_before = false;
+  // Loss detection (RACK, RFC 8985): first transmissions (xq) and resends (rq) in send order,
+  // (xn, seq), oldest first (entries of packets answered or sent again since are skipped when
+  // they come to the front); the newest transmission answered, and how long its answer took.
+  std::deque<std::pair<uint64_t, uint64_t>> xq, rq;
+  uint64_t xn_next = 1;
+  uint64_t rack_xn = 0;
+  uint64_t rack_xn_resend = 0;  // the newest resend answered: evidence against older resends only
+  uint64_t rack_rtt = 0;
+  uint64_t rack_deadline = kNever;  // reordering timer: a candidate's answer is overdue then
+  // Loss rate per measurement period (at least a round trip and kLossSample outcomes).
+  uint64_t lp_start = 0, lp_delivered = 0, lp_lost = 0;
+  double lp_rate = 0;   // moving average of the periods' loss fractions
+  // Sleeps since the last result or timeout, by what held sending back (cwnd, slots, other): a
+  // timeout books them as waiting on the RTO, a result or the end of a wait under their cause.
+  uint64_t pend_sleep[3] = {0, 0, 0};
+  double cwnd_sum = 0;
 
   TableEntry tables[proto::kTableIds];
   uint64_t table_clock = 0;
@@ -221,8 +239,7 @@ struct UdpReducer::Impl {
       }
     ops.clear();
     base = sent_end = next_seq;
-    rack_next = next_seq;
-    next_rto_check = kNever;
+    reset_flight();
   }
 
   // data_key: the error verified under the data key (an answer to a data or TABLE/LEAVE packet);
@@ -377,27 +394,63 @@ struct UdpReducer::Impl {
     } else if (round_over) {
       slow_start = false;
       cwnd *= std::max(0.5, 1.0 - 0.8 * (standing - target) / standing);
-      last_cut = now;
+      st.delay_cuts++;
     }
     clamp_cwnd();
   }
-  void on_loss(uint64_t now) {
-    slow_start = false;
-    if (!have_rtt || static_cast<double>(now - last_cut) >= srtt) {
-      cwnd_before_loss = cwnd;
-      loss_time = now;
-      cwnd *= 0.5;
-      last_cut = now;
+  // Random loss is not congestion: a worker sees the holes of every worker's uplink and of its
+  // own downlink, so 1 % loss per datagram leaves ~5 % of a 4-worker job's slots with a hole,
+  // and halving the window for each (TCP Reno's rule) would hold it near sqrt(1.5/0.05) ~ 5
+  // packets. Congestion shows as queueing delay (the ceiling in on_rtt) long before a buffer
+  // overflows; loss counts only as a rate: when the share of first transmissions found lost,
+  // taken as independent losses on the n + 1 path crossings a slot's result depends on, exceeds
+  // loss_tolerance per crossing (a policer, a shallow buffer, a failing link), the window
+  // shrinks by 30 %, at most once per period.
+  static constexpr uint64_t kLossSample = 64;
+  void loss_period(uint64_t now) {
+    const uint64_t n = lp_delivered + lp_lost;
+    if (n < kLossSample || static_cast<double>(now - lp_start) < std::max(srtt, 200.0)) return;
+    // Holes come in bursts (a stall ends, a batch of answers reveals them at once), so a period
+    // of 64 says little alone: the rate is averaged over about four.
+    const double f = static_cast<double>(lp_lost) / static_cast<double>(n);
+    lp_rate = 0.75 * lp_rate + 0.25 * f;
+    const double per_crossing = 1.0 - std::pow(1.0 - lp_rate, 1.0 / (opt.world + 1));
+    if (per_crossing > opt.loss_tolerance) {
+      slow_start = false;
+      cwnd *= 0.7;
+      st.loss_cuts++;
       clamp_cwnd();
     }
+    lp_start = now;
+    lp_delivered = lp_lost = 0;
   }
-  // A result for a retransmitted packet that comes back sooner than any round trip could after
-  // the retransmission answers the original: the timeout was spurious (the answer was only late,
-  // e.g. a process waiting for a core), so the window cut it caused is undone (Eifel, RFC 3522).
-  void on_late_original(uint64_t now, uint64_t last_send) {
-    if (static_cast<double>(now - last_send) < min_rtt / 2 && cwnd_before_loss > cwnd && last_send >= loss_time) {
-      cwnd = cwnd_before_loss;
-      st.spurious++;
+  // The timer expired three times in a row, nothing answered for seven timeouts: nothing gets
+  // through (a blackout, or a queue that overflowed hard). Start over from the smallest window
+  // (QUIC's persistent congestion). A worker or the aggregator waiting for a core (several ms
+  // on a shared host) stalls every answer just the same; that shows when a packet sent before
+  // the reset and never resent is answered (its first copy went through) before anything sent
+  // after it, and the reset is undone (F-RTO, RFC 5682; the probes themselves, the oldest
+  // packets, are answered first either way).
+  void on_persistent_loss(uint64_t now) {
+    if (collapse_time) return;  // once per silence
+    cwnd_before_collapse = cwnd;
+    slow_start_before = slow_start;
+    collapse_time = now;
+    cwnd = opt.window_min;
+    slow_start = true;
+    st.collapses++;
+    clamp_cwnd();
+  }
+  void after_collapse(const Pkt& k) {
+    if (k.first_send >= collapse_time) {
+      collapse_time = 0;  // new packets are answered: the reset stands
+    } else if (k.sends == 1) {
+      if (cwnd_before_collapse > cwnd) {
+        cwnd = cwnd_before_collapse;
+        slow_start = slow_start_before;
+        st.spurious++;
+      }
+      collapse_time = 0;
     }
   }
   double window_cap() const {
@@ -405,9 +458,28 @@ struct UdpReducer::Impl {
     return std::max(mx, 1.0);
   }
   void clamp_cwnd() { cwnd = std::clamp(cwnd, std::min<double>(opt.window_min, window_cap()), window_cap()); }
-  uint32_t rto_us() const {
-    const double base_rto = have_rtt ? srtt + std::max(4 * rttvar, 1000.0) : opt.rto_initial_ms * 1000.0;
-    return static_cast<uint32_t>(std::clamp(base_rto, opt.rto_min_ms * 1000.0, opt.rto_max_ms * 1000.0));
+  // RFC 6298 from the measured round trips, with rto_min as the granularity term (QUIC's
+  // kGranularity): a floor near the real round trip, not a fixed 25 ms that a 50 us loopback or a
+  // few-ms cluster would spend idle at the tail of every operation that lost a packet there.
+  uint64_t rto_us(int backoff = 0) const {
+    const double base_rto =
+        have_rtt ? srtt + std::max(4 * rttvar, opt.rto_min_ms * 1000.0) : opt.rto_initial_ms * 1000.0;
+    const double r = std::ldexp(std::min(base_rto, opt.rto_max_ms * 1000.0), std::min(backoff, 16));
+    return static_cast<uint64_t>(std::clamp(r, opt.rto_min_ms * 1000.0, opt.rto_max_ms * 1000.0));
+  }
+  uint64_t reo_wnd() const {
+    // RFC 8985 grows it when a resend turns out spurious (a DSACK); here a second answer to one
+    // packet mostly means that the missing worker's repair raced this worker's resend, which a
+    // wider window would not avoid (both resend at the same moment), so it stays min_rtt/4.
+    return static_cast<uint64_t>(std::min(min_rtt / 4, std::max(srtt, 1.0)));
+  }
+  void reset_flight() {
+    inflight = 0;
+    xq.clear();
+    rq.clear();
+    rack_xn = rack_xn_resend = 0;
+    rack_deadline = kNever;
+    backoff = 0;
   }
 
   void write_out(Op& op, uint64_t first, uint64_t cnt, const uint8_t* pl) {
@@ -462,36 +534,76 @@ struct UdpReducer::Impl {
     if (h.flags & proto::kFlagNotCounted) st.not_counted++;
     st.results++;
     const uint64_t now = mono_us();
+    if (collapse_time) after_collapse(k);
     if (k.sends == 1) on_rtt(now - k.first_send, now);
-    else on_late_original(now, k.last_send);
+    // The newest transmission known answered. Only first copies count: a result does not say
+    // which copy of a resent packet it answers (after a stall, the original's answer comes late),
+    // and a resend to a finished slot is answered at once while a first copy waits for every
+    // worker's, so a resend's answer says nothing about what was sent before it.
+    if (k.sends == 1 && k.xn > rack_xn) {
+      rack_xn = k.xn;
+      rack_rtt = now - k.last_send;
+    }
+    if (k.sends > 1) rack_xn_resend = std::max(rack_xn_resend, k.xn);
     k.done = true;
     op.done++;
-    fast_loss_detection(h.seq, k.first_send, now);
+    inflight--;
+    if (k.sends == 1) lp_delivered++;  // first copies answered; resent packets (fate unclear) count neither way
+    timer_ref = now;
+    backoff = 0;
+    book_sleeps(false);
+    cwnd_sum += cwnd;
+    st.cwnd_min = st.results == 1 ? cwnd : std::min(st.cwnd_min, cwnd);
     while (base < sent_end && ring[base % S].done) ++base;
     while (!ops.empty() && ops.front()->complete() && ops.front()->first_seq + ops.front()->npkts <= base) ops.pop_front();
+    detect_losses(now);
+    loss_period(now);
   }
 
-  // Results come back in seq order: a slot completes when the last of its workers' packets
-  // arrives, and every worker sends its packets in seq order over one path. So a packet still
-  // without a result when the result of a packet sent at least kDupThresh later (and after it)
-  // is in was lost, or its result was (RACK, RFC 8985, with a packet-count threshold): resend it
-  // now instead of waiting for its timeout. The timeout stays as the backstop for the tail of an
-  // operation, where no later result can tell.
-  static constexpr uint64_t kDupThresh = 3;
-  void fast_loss_detection(uint64_t acked, uint64_t acked_sent, uint64_t now) {
-    if (acked < base + kDupThresh) return;
-    const uint64_t hi = acked - kDupThresh;  // candidates: [max(base, rack_next), hi]
-    uint64_t s = std::max(base, rack_next);
-    bool lost = false;
-    for (; s <= hi && s < sent_end; ++s) {
-      Pkt& p = ring[s % S];
-      if (p.done || p.sends != 1 || p.first_send > acked_sent) continue;
+  // Results come back in the order the packets were sent: a slot completes when the last of its
+  // workers' packets arrives, and every worker sends in seq order over one path. So a packet
+  // (first copy or resend) still without a result once a first copy sent after it is answered
+  // was lost, or its result was: resend it as soon as its answer is overdue by the reordering
+  // window (RACK, RFC 8985). This finds holes anywhere in the window, lost resends and lost
+  // results of finished slots (the aggregator answers the new attempt from the slot) about one
+  // round trip after the loss, with no timer; the timer stays the backstop for the tail of an
+  // operation, where nothing sent later can tell.
+  //
+  // A resend is declared lost again only a smoothed round trip after it went out at the soonest:
+  // a worker whose own copy arrived cannot tell its resend from the missing worker's, and must
+  // not resend every few microseconds until that worker's repair comes in. Answers to later
+  // resends count against it too (at the tail of an operation the holes being repaired are all
+  // that is still answered), but not against first copies: a resend to a finished slot is
+  // answered at once, while a first copy waits for every worker's.
+  void detect_losses(uint64_t now) {
+    rack_deadline = kNever;
+    const uint64_t d = rack_rtt + reo_wnd();
+    lp_lost += scan_lost(xq, d, rack_xn, now);
+    scan_lost(rq, std::max<uint64_t>(d, static_cast<uint64_t>(srtt)), std::max(rack_xn, rack_xn_resend), now);
+  }
+  // Resends the packets of q (send order) overdue by `delay` with something sent later (before
+  // transmission `evidence`) answered; returns how many.
+  uint64_t scan_lost(std::deque<std::pair<uint64_t, uint64_t>>& q, uint64_t delay, uint64_t evidence, uint64_t now) {
+    uint64_t lost = 0;
+    while (!q.empty()) {
+      const uint64_t xn = q.front().first, seq = q.front().second;
+      Pkt& p = ring[seq % S];
+      if (seq < base || seq >= sent_end || p.seq != seq || p.done || p.xn != xn) {
+        q.pop_front();  // answered, or sent again since (a newer entry stands for it)
+        continue;
+      }
+      if (xn >= evidence) break;  // nothing sent after it has been answered yet
+      const uint64_t due = p.last_send + delay;
+      if (now < due) {
+        rack_deadline = std::min(rack_deadline, due);  // send times grow along q: the rest are due later
+        break;
+      }
+      q.pop_front();
       resend(p, now);
       st.fast_retransmits++;
-      lost = true;
+      ++lost;
     }
-    rack_next = std::max(rack_next, hi + 1);
-    if (lost) on_loss(now);
+    return lost;
   }
 
   void resend(Pkt& k, uint64_t now) {
@@ -505,9 +617,8 @@ struct UdpReducer::Impl {
     st.retransmissions++;
     k.sends++;
     k.last_send = now;
-    k.rto_us = static_cast<uint32_t>(std::min<double>(std::max<double>(k.rto_us, rto_us()) * 2.0, opt.rto_max_ms * 1000.0));
-    k.deadline = now + k.rto_us;
-    next_rto_check = std::min(next_rto_check, k.deadline);
+    k.xn = xn_next++;
+    rq.emplace_back(k.xn, k.seq);
   }
 
   // ---- outgoing ---------------------------------------------------------------------------------
@@ -589,7 +700,9 @@ struct UdpReducer::Impl {
   void send_new(uint64_t now) {
     refill(now);
     const uint64_t win = static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)));
-    while (sent_end < next_seq && sent_end < base + win && sent_end < base + S) {
+    // The window bounds the packets without a result, not the distance from the oldest one: a
+    // hole being repaired does not stop the packets behind it (only the job's slots do).
+    while (sent_end < next_seq && inflight < win && sent_end < base + S) {
       if (tokens < static_cast<double>(max_dgram) && tokens < 1e17) break;
       Pkt& k = ring[sent_end % S];
       k = Pkt{};
@@ -598,38 +711,44 @@ struct UdpReducer::Impl {
       if (!k.op) die(Status::kInternal, where() + ": no operation for packet seq " + std::to_string(k.seq));
       build(k);
       k.first_send = k.last_send = now;
-      k.rto_us = rto_us();
-      k.deadline = now + k.rto_us;
       k.sends = 1;
-      next_rto_check = std::min(next_rto_check, k.deadline);
+      k.xn = xn_next++;
+      xq.emplace_back(k.xn, k.seq);
+      if (inflight == 0) timer_ref = now;
       send_dgram(arena.data() + (k.seq % S) * max_dgram, k.len);
       st.data_packets++;
       if (tokens < 1e17) tokens -= k.len;
       ++sent_end;
+      ++inflight;
     }
   }
 
   // When send_new can go on (pacing), or kNever.
   uint64_t next_send_time(uint64_t now) const {
     const uint64_t win = static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)));
-    if (!(sent_end < next_seq && sent_end < base + win && sent_end < base + S)) return kNever;
+    if (!(sent_end < next_seq && inflight < win && sent_end < base + S)) return kNever;
     if (!opt.pacing || !have_rtt || tokens >= static_cast<double>(max_dgram)) return now;
     const double gain = slow_start ? 2.0 : 1.25;
     const double rate = gain * cwnd * static_cast<double>(max_dgram) / std::max(srtt, 1.0);
     return now + static_cast<uint64_t>((static_cast<double>(max_dgram) - tokens) / std::max(rate, 1e-9)) + 1;
   }
 
+  uint64_t timer_at() const { return inflight == 0 ? kNever : timer_ref + rto_us(backoff); }
+
+  // The timer is the backstop for what no later result can reveal: the tail of an operation,
+  // a hole that filled the whole window (the job's slots). Restarted by every result, it expires
+  // only when nothing has been answered for a timeout, and then resends the kProbes oldest
+  // packets without a result: the oldest slot not complete anywhere is the one every worker
+  // waits for, so its loser resends it at its first expiry; a process waiting for a core stalls
+  // every answer alike, and resending the whole window for that would only load the aggregator.
+  static constexpr int kProbes = 2;
   void retransmit(uint64_t now) {
-    if (now < next_rto_check) return;
-    uint64_t next = kNever;
-    bool lost = false;
+    if (now >= rack_deadline) detect_losses(now);
+    if (now < timer_at()) return;
+    Pkt* probe[kProbes] = {};
     for (uint64_t s = base; s < sent_end; ++s) {
       Pkt& k = ring[s % S];
       if (k.done) continue;
-      if (k.deadline > now) {
-        next = std::min(next, k.deadline);
-        continue;
-      }
       if (static_cast<double>(now - k.first_send) > opt.max_wait_ms * 1000.0) {
         std::string why = where() + ": timeout: no result for packet seq " + std::to_string(k.seq) + " (op " +
                           std::to_string(k.op->id) + ", slot " + std::to_string(k.seq % S) + ") after " +
@@ -642,12 +761,20 @@ struct UdpReducer::Impl {
                  "data plane's drop counters in thc-switchd's STATS)";
         die(Status::kTimeout, why);
       }
-      resend(k, now);
-      lost = true;
-      next = std::min(next, k.deadline);
+      for (Pkt*& p : probe)
+        if (!p) {
+          p = &k;
+          break;
+        }
     }
-    next_rto_check = next;
-    if (lost) on_loss(now);
+    book_sleeps(true);
+    for (Pkt* p : probe)
+      if (p) {
+        resend(*p, now);
+        st.timeouts++;
+      }
+    if (++backoff >= 3) on_persistent_loss(now);
+    timer_ref = now;
   }
 
   // One nonblocking round: receive, retransmit, send what the window and pacing allow.
@@ -663,7 +790,7 @@ struct UdpReducer::Impl {
 
   // When this instance next needs attention (retransmission, pacing, fault release).
   uint64_t next_due(uint64_t now) const {
-    uint64_t due = std::min(next_rto_check, next_send_time(now));
+    uint64_t due = std::min({timer_at(), rack_deadline, next_send_time(now)});
     due = std::min(due, std::min(tx_fault.next_due(), rx_fault.next_due()));
     return due;
   }
@@ -671,14 +798,36 @@ struct UdpReducer::Impl {
   // Block until pred() or a fatal error.
   template <typename Pred>
   void wait_until(Pred pred) {
+    const uint64_t t0 = mono_us();
     for (;;) {
       progress();
-      if (pred()) return;
+      if (pred()) break;
       const uint64_t now = mono_us();
       const uint64_t due = std::min(next_due(now), now + 20'000);
       if (ch->pending()) continue;
-      ch->wait_us(due <= now ? 0 : due - now);
+      sleep_until(now, due);
     }
+    book_sleeps(false);
+    st.wait_us += mono_us() - t0;
+  }
+  // Sleeps until due or a datagram arrives, noting what held sending back meanwhile.
+  void sleep_until(uint64_t now, uint64_t due) {
+    int why = 2;
+    if (sent_end < next_seq) {
+      if (sent_end >= base + S) why = 1;
+      else if (inflight >= static_cast<uint64_t>(std::max(1.0, std::floor(cwnd)))) why = 0;
+    }
+    ch->wait_us(due <= now ? 0 : due - now);
+    pend_sleep[why] += mono_us() - now;
+  }
+  void book_sleeps(bool timeout) {
+    if (timeout) {
+      st.rto_wait_us += pend_sleep[0] + pend_sleep[1] + pend_sleep[2];
+    } else {
+      st.cwnd_wait_us += pend_sleep[0];
+      st.slots_wait_us += pend_sleep[1];
+    }
+    pend_sleep[0] = pend_sleep[1] = pend_sleep[2] = 0;
   }
 
   // ---- control round trips ------------------------------------------------------------------
@@ -731,7 +880,10 @@ struct UdpReducer::Impl {
       }
       now = mono_us();
       const uint64_t due = std::min(next, next_due(now));
-      if (!ch->pending()) ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
+      if (!ch->pending()) {
+        ch->wait_us(due <= now ? 0 : std::min<uint64_t>(due - now, 20'000));
+        st.wait_us += mono_us() - now;
+      }
     }
   }
 
@@ -820,7 +972,8 @@ struct UdpReducer::Impl {
       if (rejoin) {
         next_op = a.resume_op;
         next_seq = a.resume_seq;
-        base = sent_end = rack_next = next_seq;
+        base = sent_end = next_seq;
+        reset_flight();
         for (TableEntry& t : tables) t = TableEntry{};  // reinstall on use
         st.rejoins++;
         need_rejoin = false;
@@ -993,10 +1146,10 @@ UdpReducer::UdpReducer(const UdpClientOptions& o, std::unique_ptr<DatagramChanne
   if (opt.max_lanes < proto::kLaneQuantum || opt.max_lanes > proto::kMaxLanes)
     fail(Status::kInvalidArgument, "aggregator client: max_lanes must be 64..8192");
   if (!(opt.rto_initial_ms > 0) || !(opt.rto_min_ms > 0) || !(opt.rto_max_ms >= opt.rto_min_ms) ||
-      !(opt.max_wait_ms > 0) || !(opt.target_delay_ms > 0))
+      !(opt.max_wait_ms > 0) || !(opt.target_delay_ms > 0) || !(opt.loss_tolerance > 0 && opt.loss_tolerance <= 1))
     fail(Status::kInvalidArgument,
          "aggregator client: need rto_initial_ms > 0, rto_min_ms > 0, rto_max_ms >= rto_min_ms, max_wait_ms > 0, "
-         "target_delay_ms > 0");
+         "target_delay_ms > 0, 0 < loss_tolerance <= 1");
   if (opt.fault_from_env) {
     std::string bad;
     if (!fault_options_from_env(&opt.fault, &bad))
@@ -1033,22 +1186,26 @@ UdpClientStats UdpReducer::stats() const {
   s.min_rtt_us = impl_->min_rtt;
   s.srtt_us = impl_->srtt;
   s.cwnd = impl_->cwnd;
+  s.cwnd_mean = s.results ? impl_->cwnd_sum / static_cast<double>(s.results) : 0;
   s.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, impl_->L, impl_->budget);
   return s;
 }
 
 std::string UdpReducer::wire_stats() const {
   const UdpClientStats s = stats();
-  char buf[256];
+  char buf[640];
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::snprintf(buf, sizeof buf,
-                "packets=%llu retransmissions=%llu (%.2f%%, %llu fast) lanes=%d cwnd=%.0f srtt=%.0fus min_rtt=%.0fus "
+                "packets=%llu retransmissions=%llu (%.2f%%) fast=%llu timeouts=%llu lanes=%d cwnd=%.0f "
+                "cwnd_mean=%.1f cwnd_min=%.1f loss_cuts=%llu delay_cuts=%llu collapses=%llu srtt=%.0fus min_rtt=%.0fus "
+                "wait_ms=%.1f rto_wait_ms=%.1f cwnd_wait_ms=%.1f slots_wait_ms=%.1f results=%llu dup_results=%llu "
                 "spurious=%llu not_counted=%llu left_behind=%llu",
-                static_cast<unsigned long long>(s.data_packets), static_cast<unsigned long long>(s.retransmissions),
+                u(s.data_packets), u(s.retransmissions),
                 s.data_packets ? 100.0 * static_cast<double>(s.retransmissions) / static_cast<double>(s.data_packets) : 0.0,
-                static_cast<unsigned long long>(s.fast_retransmits),
-                s.lanes, s.cwnd, s.srtt_us, s.min_rtt_us, static_cast<unsigned long long>(s.spurious),
-                static_cast<unsigned long long>(s.not_counted),
-                static_cast<unsigned long long>(s.left_behind));
+                u(s.fast_retransmits), u(s.timeouts), s.lanes, s.cwnd, s.cwnd_mean, s.cwnd_min, u(s.loss_cuts),
+                u(s.delay_cuts), u(s.collapses), s.srtt_us, s.min_rtt_us, s.wait_us / 1e3, s.rto_wait_us / 1e3, s.cwnd_wait_us / 1e3,
+                s.slots_wait_us / 1e3, u(s.results), u(s.duplicate_results), u(s.spurious), u(s.not_counted),
+                u(s.left_behind));
   return buf;
 }
 

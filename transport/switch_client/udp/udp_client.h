@@ -13,16 +13,23 @@
 //                    of the engine's granule (Reducer::set_part_granule), so several aggregators
 //                    and cores share one job (BytePS-style server scale-out).
 //
-// Congestion control (per instance): a window of packets in flight, grown by slow start and then
-// additively (one packet per round trip), cut multiplicatively when the round-trip time exceeds
-// the minimum by more than a target queueing delay (a delay ceiling: a bounded standing queue
-// keeps the bottleneck busy without filling its buffer) and halved on a retransmission timeout,
-// at most once per round trip; sends are paced at 1.25x (2x in slow start) window/RTT. A packet
-// is resent as soon as the results of three packets sent after it are in (results come back in
-// seq order: RACK-style loss detection); the RTO (RFC 6298 from samples of packets sent once,
-// Karn; at least 25 ms) is the backstop for the tail of an operation. The window never exceeds
-// the job's slots (the aggregator's memory for the job): that bound is what SwitchML sizes its
-// pool by.
+// Congestion control (per instance): a window of packets without a result, grown by slow start
+// and then additively (one packet per round trip), cut multiplicatively when the round-trip time
+// exceeds the minimum by more than a target queueing delay (a delay ceiling: a bounded standing
+// queue keeps the bottleneck busy without filling its buffer); sends are paced at 1.25x (2x in
+// slow start) window/RTT. Random loss is not congestion: a lost datagram is resent, but the
+// window is cut (by 30 %) only when the loss rate of first transmissions (averaged over periods of
+// a round trip and 64 packets) per path crossing exceeds loss_tolerance, and reset to window_min
+// when nothing is answered for three timer expiries. Loss detection is RACK (RFC 8985): results
+// come back in the order the packets were sent, so a packet (first copy or resend) without a
+// result once a first copy sent after it is answered was lost, or its result was; it is resent
+// after a reordering window of min_rtt/4, about one round trip after the loss (a resend at most
+// once per smoothed round trip). A hole does not stop the packets
+// behind it; the window never exceeds the job's slots (the aggregator's memory for the job,
+// what SwitchML sizes its pool by), so a hole that lasts a whole window holds it. The timer
+// (one per instance, restarted by every result; RFC 6298 from samples of packets sent once,
+// Karn; srtt + max(4 rttvar, rto_min), doubled per expiry without an answer) is the backstop for
+// the tail of an operation: it resends the two oldest packets without a result.
 //
 // Nonblocking rules: start_* only queues the operation and sends what the window allows;
 // Request::test() polls once (never blocks); wait() blocks until the request completes, the
@@ -65,8 +72,9 @@ struct UdpClientOptions {
   double target_delay_ms = 5;      // queueing delay tolerated above the minimum RTT
   bool pacing = true;
   double rto_initial_ms = 20;      // before the first RTT sample
-  double rto_min_ms = 25;  // a backstop: losses are found by later results first (RACK)
+  double rto_min_ms = 1;           // floor and granularity: RTO = srtt + max(4 rttvar, rto_min)
   double rto_max_ms = 200;
+  double loss_tolerance = 0.1;     // loss per path crossing taken as random, not congestion
   double max_wait_ms = 30'000;     // no result for a packet this long: kTimeout
   FaultOptions fault;              // client-side fault injection, both directions
   bool fault_from_env = true;      // THC_FAULT_DROP/DUP/REORDER/DELAY_US/DELAY_PROB/SEED override
@@ -77,7 +85,8 @@ struct UdpClientStats {
   uint64_t data_packets = 0;       // first transmissions of data packets
   uint64_t retransmissions = 0;
   uint64_t fast_retransmits = 0;   // of which found by later results (not by a timeout)
-  uint64_t spurious = 0;           // timeouts found spurious (window cut undone)
+  uint64_t timeouts = 0;           // of which sent because a retransmission timer expired
+  uint64_t spurious = 0;           // window cuts found spurious and undone (a stall, not a loss)
   uint64_t results = 0;
   uint64_t duplicate_results = 0;  // results for packets already done (dups, late resends)
   uint64_t not_counted = 0;        // results/acks telling this worker it was left out
@@ -87,6 +96,14 @@ struct UdpClientStats {
   uint64_t rejoins = 0;
   uint64_t bytes_sent = 0;         // datagram bytes (protocol header included)
   uint64_t bytes_received = 0;
+  // Where the time goes (microseconds): blocked waiting for the aggregator (wait() and control
+  // round trips), of which with no result arriving before a retransmission timer fired (waiting
+  // on the RTO), and sleeping with packets queued that the window (cwnd) or the job's slots
+  // (a hole at the window's base) held back.
+  uint64_t wait_us = 0, rto_wait_us = 0, cwnd_wait_us = 0, slots_wait_us = 0;
+  uint64_t loss_cuts = 0, delay_cuts = 0;  // multiplicative window decreases by cause
+  uint64_t collapses = 0;          // window reset to window_min: nothing answered for 3 expiries
+  double cwnd_min = 0, cwnd_mean = 0;      // over results (mean: sampled at every result)
   double min_rtt_us = 0, srtt_us = 0, cwnd = 0;
   int lanes = 0;                   // lanes of the widest-lane encoding of the job (u8 sums)
 };
