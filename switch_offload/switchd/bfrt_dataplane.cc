@@ -94,9 +94,13 @@ struct BfrtDataPlane::Impl {
   struct Job {
     bool live = false;
     std::map<int, Worker> workers;
-    std::set<int> luts;
+    std::map<int, int> luts;  // table id -> lookup handle
   };
   std::vector<Job> jobs;
+  // Lookup tables (CONTRACT.md "TNA"): 16 handles switch-wide, each naming one installed table
+  // whose 2^b entries sit in the 64 per-lane tables lut_lo<k> / lut_hi<k>.
+  static constexpr int kLutHandles = 16;
+  int lut_bits[kLutHandles] = {};  // 0: free
   int max_jobs = 0;
   uint32_t slots = 0;
 
@@ -280,6 +284,25 @@ struct BfrtDataPlane::Impl {
     }
     write(w, "multicast group " + std::to_string(mgid));
   }
+  // T into the 64 per-lane tables under `handle` (type INSERT), or out of them (DELETE).
+  void lut_entries(int handle, int bits, const int32_t* values, bp::Update::Type type) {
+    for (const char* half : {"lo", "hi"})
+      for (int k = 0; k < 32; ++k) {
+        const TableInfo& t = table(std::string("lut_") + half + std::to_string(k));
+        bp::WriteRequest w = request();
+        for (int z = 0; z < (1 << bits); ++z) {
+          bp::TableEntry* e = add_update(&w, type, t, {static_cast<uint64_t>(handle), static_cast<uint64_t>(z)});
+          if (type != bp::Update::DELETE)
+            set_action(e, t, std::string("lut_value_") + half + std::to_string(k), {static_cast<uint32_t>(values[z])});
+        }
+        write(w, t.name);
+      }
+  }
+  void free_lut(int handle) {
+    if (lut_bits[handle] == 0) return;
+    lut_entries(handle, lut_bits[handle], nullptr, bp::Update::DELETE);
+    lut_bits[handle] = 0;
+  }
   void drop_worker(const DpJob& j, Worker& wk) {
     if (!wk.live) return;
     wk.live = false;
@@ -346,7 +369,7 @@ BfrtDataPlane::BfrtDataPlane(const std::string& address, int device_id, const st
     m.read_info(rs.non_p4_config().bfruntime_info(), false);
   }
   for (const char* t : {"ipv4_fwd", "thc_service", "admit", "lut_meta", "replica", "$pre.mgid", "$pre.node",
-                        "c_job_rx", "c_result", "c_drop", "r_lut", "r_seq"})
+                        "c_job_rx", "c_result", "c_drop", "r_seq", "lut_lo0", "lut_hi31"})
     (void)m.table(t);
   m.max_jobs = static_cast<int>(std::min<int64_t>(m.table("c_job_rx").size, proto::kMaxWorkers));
   m.slots = static_cast<uint32_t>(m.table("r_seq").size / 2);
@@ -369,14 +392,18 @@ uint32_t BfrtDataPlane::slot_capacity() const { return impl_->slots; }
 void BfrtDataPlane::clear() {
   Impl& m = *impl_;
   // A DELETE of a table entry without a key clears the table (BfRt's table clear).
-  for (const char* t : {"admit", "replica", "lut_meta", "ipv4_fwd", "thc_service", "$pre.mgid", "$pre.node"}) {
+  std::vector<std::string> names = {"admit", "replica", "lut_meta", "ipv4_fwd", "thc_service", "$pre.mgid", "$pre.node"};
+  for (const char* half : {"lo", "hi"})
+    for (int k = 0; k < 32; ++k) names.push_back(std::string("lut_") + half + std::to_string(k));
+  for (const std::string& t : names) {
     bp::WriteRequest w = m.request();
     bp::Update* u = w.add_updates();
     u->set_type(bp::Update::DELETE);
     u->mutable_entity()->mutable_table_entry()->set_table_id(m.table(t).id);
-    m.write(w, std::string("clear ") + t);
+    m.write(w, "clear " + t);
   }
   for (auto& j : m.jobs) j = Impl::Job{};
+  for (int& b : m.lut_bits) b = 0;
 }
 
 void BfrtDataPlane::add_route(const Route& r, const Mac& smac) {
@@ -436,21 +463,33 @@ void BfrtDataPlane::admit_worker(const DpJob& j, const DpWorker& w, const Mac& s
 
 void BfrtDataPlane::write_table(const DpJob& j, int tid, int bits, proto::WireInt sum, const int32_t* values) {
   Impl& m = *impl_;
-  std::vector<uint64_t> v;
-  for (int z = 0; z < (1 << bits); ++z) v.push_back(static_cast<uint32_t>(values[z]));
-  const uint64_t base = static_cast<uint64_t>(j.index) * 1024 + static_cast<uint64_t>(tid) * 256;
-  m.registers({&m.table("r_lut")}, base, base + v.size(), v);
-  m.entry("lut_meta", bfrt_proto::Update::INSERT_OR_MODIFY, {static_cast<uint64_t>(j.index), static_cast<uint64_t>(tid)},
-          "lut_ok", {static_cast<uint64_t>(bits), static_cast<uint64_t>(sum)});
-  m.job(j).luts.insert(tid);
+  Impl::Job& jb = m.job(j);
+  // A new handle for the new contents, switched to by lut_meta once its entries are in; the old
+  // handle's entries go after (CONTRACT.md: entries before lut_meta, lut_meta first on removal).
+  int handle = -1;
+  for (int h = 0; h < Impl::kLutHandles && handle < 0; ++h)
+    if (m.lut_bits[h] == 0) handle = h;
+  if (handle < 0)
+    fail(Status::kOutOfMemory, "bfrt: all " + std::to_string(Impl::kLutHandles) + " lookup-table handles in use");
+  m.lut_entries(handle, bits, values, bfrt_proto::Update::INSERT);
+  m.lut_bits[handle] = bits;
+  const auto old = jb.luts.find(tid);
+  m.entry("lut_meta", old == jb.luts.end() ? bfrt_proto::Update::INSERT : bfrt_proto::Update::MODIFY,
+          {static_cast<uint64_t>(j.index), static_cast<uint64_t>(tid)}, "lut_ok",
+          {static_cast<uint64_t>(bits), static_cast<uint64_t>(sum), static_cast<uint64_t>(handle)});
+  if (old != jb.luts.end()) m.free_lut(old->second);
+  jb.luts[tid] = handle;
 }
 
 void BfrtDataPlane::remove_job(const DpJob& j) {
   Impl& m = *impl_;
   Impl::Job& jb = m.job(j);
   for (auto& kv : jb.workers) m.drop_worker(j, kv.second);
-  for (int tid : jb.luts)
-    m.entry("lut_meta", bfrt_proto::Update::DELETE, {static_cast<uint64_t>(j.index), static_cast<uint64_t>(tid)}, "", {});
+  for (const auto& kv : jb.luts) {
+    m.entry("lut_meta", bfrt_proto::Update::DELETE, {static_cast<uint64_t>(j.index), static_cast<uint64_t>(kv.first)}, "",
+            {});
+    m.free_lut(kv.second);
+  }
   if (jb.live) {
     const TableInfo& g = m.table("$pre.mgid");
     bfrt_proto::WriteRequest w = m.request();

@@ -10,6 +10,8 @@
 //     bfrt.json (GetForwardingPipelineConfig), with any prefix ("pipe.ThcIngress.admit");
 //   - registers are tables with the key "$REGISTER_INDEX" and one data field per register half
 //     ("<name>.f1", or .lo/.hi pairs), written to every pipe (pipe_id 0xffff);
+//   - lookup tables as CONTRACT.md's TNA section says: 16 handles switch-wide, each table's 2^b
+//     entries in the 64 per-lane exact tables lut_lo<k> / lut_hi<k>, lut_meta naming the handle;
 //   - counters are tables with the key "$COUNTER_INDEX" and the data field "$COUNTER_SPEC_PKTS",
 //     read from the hardware (from_hw), summed over the pipes that answer;
 //   - multicast is the fixed tables "$pre.node" ($MULTICAST_NODE_ID -> $MULTICAST_RID,
