@@ -23,12 +23,19 @@
 #                   the flat engine over all ranks even with several ranks per host), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
 #                   the bridge, where a switch is: every worker port at the link rate), thc-agg-host
 #                   (on a host of its own with one link), thc-agg-2hosts (two aggregator hosts, the
-#                   job's slots sharded over them); cnat-agg-* alike. none-ring is float32
+#                   job's slots sharded over them), thc-agg-bmv2 (BMv2's simple_switch running the THC
+#                   v1model program on a port of the bridge, thc-switchd its control plane: the
+#                   aggregation in a P4 data plane; BMv2 is a functional model of thousands of
+#                   packets/s, so these rows stop at --bmv2-max-size); cnat-agg-* alike. none-ring is float32
 #                   MPI_Allreduce with Open MPI's ring forced (coll_tuned_allreduce_algorithm 4), the
 #                   baseline an HPC user would tune. bf16 is the compression hook of Horovod/PyTorch DDP
 #                   (float32 -> bfloat16, MPI_Allreduce with a bfloat16 SUM op, -> float32),
 #                   bf16-ring the same with the ring forced.
 #   --agg-threads N threads per thc-aggregator (default 1)
+#   --bmv2-max-size S  largest size of the *-agg-bmv2 rows (default 2M)
+#   --p4-json FILE  the compiled v1model program for *-agg-bmv2 (default: compiled here with
+#                   p4c-bm2-ss from switch_offload/p4; simple_switch and p4c-bm2-ss from PATH,
+#                   $THC_P4_PREFIX/bin or /opt/p4/bin)
 #   --prefix P      namespace prefix of the testbed (default thccmp<pid>)
 #   after --         extra arguments for every thc_allreduce_perf run (e.g. --bits 2 --block 1M)
 #
@@ -65,6 +72,8 @@ BIN_DIR=""
 LOCAL=0
 CONFIGS="none thc-int thc-ps cnat-int cnat-ps"
 AGG_THREADS=1
+BMV2_MAX=2M
+P4_JSON=""
 EXTRA=()
 
 while [[ $# -gt 0 ]]; do
@@ -83,6 +92,8 @@ while [[ $# -gt 0 ]]; do
     --local) LOCAL=1; shift ;;
     --configs) CONFIGS="$2"; shift 2 ;;
     --agg-threads) AGG_THREADS="$2"; shift 2 ;;
+    --bmv2-max-size) BMV2_MAX="$2"; shift 2 ;;
+    --p4-json) P4_JSON="$2"; shift 2 ;;
     -h|--help) usage ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
@@ -97,12 +108,22 @@ NHOSTS=$((NP / RPH))
 for n in "$ITERS" "$WARMUP" "$CHECKS"; do [[ "$n" =~ ^[0-9]+$ ]] || die "--iters/--warmup/--checks must be integers"; done
 for s in "$MIN" "$MAX"; do [[ "$s" =~ ^[0-9]+[KMGkmg]?$ ]] || die "sizes look like 64K, 1M, 256M (got '$s')"; done
 NEED_AGG=0
+NEED_BMV2=0
 for c in $CONFIGS; do
   [[ "$c" == none || "$c" == none-ring || "$c" == bf16 || "$c" == bf16-ring ||
      "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)(-flat)?$ ||
-     "$c" =~ ^(thc|uhc|cnat|dnat)-agg-(switch|host|2hosts)$ ]] || die "unknown config '$c'"
+     "$c" =~ ^(thc|uhc|cnat|dnat)-agg-(switch|host|2hosts|bmv2)$ ]] || die "unknown config '$c'"
   [[ "$c" == *-agg-* ]] && NEED_AGG=1
+  [[ "$c" == *-agg-bmv2 ]] && NEED_BMV2=1
 done
+[[ "$BMV2_MAX" =~ ^[0-9]+[KMGkmg]?$ ]] || die "--bmv2-max-size looks like 1M (got '$BMV2_MAX')"
+bytes_of() {  # 64K, 1M, 2G -> bytes
+  local n=${1%[KMGkmg]} u=${1: -1}
+  case $u in K|k) echo $((n << 10)) ;; M|m) echo $((n << 20)) ;; G|g) echo $((n << 30)) ;; *) echo "$1" ;; esac
+}
+BMV2_E=$MAX
+(( $(bytes_of "$BMV2_MAX") < $(bytes_of "$MAX") )) && BMV2_E=$BMV2_MAX
+(( $(bytes_of "$BMV2_E") < $(bytes_of "$MIN") )) && BMV2_E=$MIN
 [[ "$AGG_THREADS" =~ ^[0-9]+$ ]] && (( AGG_THREADS >= 1 )) || die "--agg-threads must be a positive integer"
 
 # ---- the tool
@@ -127,6 +148,26 @@ if (( NEED_AGG )); then
   [[ -n "$AGG_BIN" ]] || die "thc-aggregator not found next to thc_allreduce_perf or on PATH"
   (( LOCAL )) && die "aggregator configs need the testbed (no --local)"
 fi
+SWITCHD_BIN="" SIMPLE_SWITCH=""
+if (( NEED_BMV2 )); then
+  SWITCHD_BIN=$(dirname "$AGG_BIN")/switchd/thc-switchd
+  [[ -x "$SWITCHD_BIN" ]] || SWITCHD_BIN=$(command -v thc-switchd || true)
+  [[ -n "$SWITCHD_BIN" ]] || die "thc-switchd not found (build it: needs thrift-compiler, libthrift-dev, libjsoncpp-dev)"
+  p4path="$PATH:${THC_P4_PREFIX:-/nonexistent}/bin:/opt/p4/bin"
+  SIMPLE_SWITCH=$(PATH=$p4path command -v simple_switch || true)
+  [[ -n "$SIMPLE_SWITCH" ]] || die "*-agg-bmv2: simple_switch not found (the P4 toolchain: switch_offload/p4/README.md)"
+  if [[ -z "$P4_JSON" ]]; then
+    P4C=$(PATH=$p4path command -v p4c-bm2-ss || true)
+    [[ -n "$P4C" ]] || die "*-agg-bmv2: p4c-bm2-ss not found (or pass --p4-json)"
+    mkdir -p "$OUT/raw"
+    P4_JSON=$OUT/raw/thc_v1model.json
+    echo "[compare.sh] compiling the v1model program for BMv2" >&2
+    "$P4C" --std p4-16 -I "$ROOT/switch_offload/p4/include" -o "$P4_JSON" "$ROOT/switch_offload/p4/v1model/thc_v1model.p4" \
+      || die "p4c-bm2-ss failed"
+  fi
+  [[ -f "$P4_JSON" ]] || die "--p4-json $P4_JSON not found"
+  P4_JSON=$(cd "$(dirname "$P4_JSON")" && pwd)/$(basename "$P4_JSON")
+fi
 
 TESTBED="$HERE/testbed/netns_cluster.sh"
 if (( LOCAL )); then
@@ -145,7 +186,9 @@ write_runner() {
     echo '#!/usr/bin/env bash'
     echo 'set -u'
     printf 'TOOL=%q\nOUTDIR=%q\nCONFIGS=%q\nAGG_BIN=%q\nAGG_THREADS=%q\n' "$TOOL" "$OUT" "$CONFIGS" "$AGG_BIN" "$AGG_THREADS"
+    printf 'SWITCHD_BIN=%q\nSIMPLE_SWITCH=%q\nP4_JSON=%q\n' "$SWITCHD_BIN" "$SIMPLE_SWITCH" "$P4_JSON"
     printf 'COMMON=(-b %q -e %q -f 2 -n %q -w %q -c %q)\n' "$MIN" "$MAX" "$ITERS" "$WARMUP" "$CHECKS"
+    printf 'COMMON_BMV2=(-b %q -e %q -f 2 -n %q -w %q -c %q)\n' "$MIN" "$BMV2_E" "$ITERS" "$WARMUP" "$CHECKS"
     printf 'EXTRA=('; for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do printf ' %q' "$e"; done; printf ' )\n'
     cat <<'EOS'
 rate="$1"; shift   # then the mpirun command prefix
@@ -178,11 +221,66 @@ start_aggs() {  # PLACE LOGPREFIX -> AGG_URLS
     AGG_URLS+="${AGG_URLS:+,}udp://${ips[$i]}:9471"
   done
 }
+# The switch position for *-agg-bmv2: simple_switch on a port of the bridge (veth bmv0 in br0 <->
+# its port 1; every worker is behind that port), its CPU port 15 a veth to bmcpu, thc-switchd's
+# interface holding 10.77.0.253 in the bridge namespace. The hosts reach 10.77.0.253 at the switch's
+# MAC (static neighbours) and send with UDP checksums filled in (the program forwards what it does
+# not aggregate to thc-switchd's kernel socket, which checks them).
+BMV2_IP=10.77.0.253
+BMV2_MAC=02:54:48:43:00:01
+BMV2_UP=0
+start_bmv2() {  # LOGPREFIX -> AGG_URLS
+  local logp=$1 br=$THC_TESTBED_BRIDGE_NS i ns mac t=0
+  BMV2_UP=1
+  ip -n "$br" link add bmv0 type veth peer name bmp1 && ip -n "$br" link add bmc15 type veth peer name bmcpu || return 1
+  ip -n "$br" link set bmv0 master br0 || return 1
+  for i in bmv0 bmp1 bmc15 bmcpu; do ip -n "$br" link set "$i" up; done
+  ip -n "$br" addr add "$BMV2_IP/32" dev bmcpu
+  ip netns exec "$br" ethtool -K bmcpu tx off rx off > /dev/null 2>&1
+  echo "$BMV2_IP,15,$(ip -n "$br" link show bmcpu | awk '/link\/ether/ {print $2}')" > "$logp.routes"
+  for ((i = 0; i < THC_TESTBED_NHOSTS; i++)); do
+    ns=$THC_TESTBED_PREFIX-h$i
+    ip netns exec "$ns" ethtool -K eth0 tx off > /dev/null 2>&1
+    ip -n "$ns" neigh replace "$BMV2_IP" lladdr "$BMV2_MAC" dev eth0 nud permanent
+    mac=$(ip -n "$ns" link show eth0 | awk '/link\/ether/ {print $2}')
+    echo "10.77.0.$((i + 1)),1,$mac" >> "$logp.routes"
+  done
+  ip netns exec "$br" "$SIMPLE_SWITCH" --thrift-port 9090 --device-id $(($$ % 10000 + 2000)) \
+    --notifications-addr "ipc://$logp.ipc" -i 1@bmp1 -i 15@bmc15 "$P4_JSON" > "$logp.simple_switch.log" 2>&1 &
+  AGG_PIDS+=($!)
+  until ip netns exec "$br" timeout 1 bash -c 'exec 3<>/dev/tcp/127.0.0.1/9090' 2>/dev/null; do
+    sleep 0.2; t=$((t + 1))
+    (( t < 150 )) || { echo "[compare.sh] simple_switch did not start" >&2; return 1; }
+  done
+  rm -f "$logp.port"
+  ip netns exec "$br" "$SWITCHD_BIN" --key-file "$THC_AGGREGATOR_KEY_FILE" --create-key-file --ip "$BMV2_IP" \
+    --routes "$logp.routes" --switch-mac "$BMV2_MAC" --port 9471 --stats-interval 0 --port-file "$logp.port" \
+    > "$logp.switchd.log" 2>&1 &
+  AGG_PIDS=("$!" "${AGG_PIDS[@]}")  # stopped first: it removes its jobs from the running switch
+  t=0
+  while [[ ! -s "$logp.port" ]]; do
+    sleep 0.1; t=$((t + 1))
+    (( t < 100 )) || { echo "[compare.sh] thc-switchd did not start:" >&2; cat "$logp.switchd.log" >&2; return 1; }
+  done
+  AGG_URLS="udp://$BMV2_IP:9471"
+}
+stop_bmv2() {
+  (( BMV2_UP )) || return 0
+  local br=$THC_TESTBED_BRIDGE_NS i ns
+  BMV2_UP=0
+  ip -n "$br" link del bmv0 2>/dev/null
+  ip -n "$br" link del bmc15 2>/dev/null
+  for ((i = 0; i < THC_TESTBED_NHOSTS; i++)); do
+    ns=$THC_TESTBED_PREFIX-h$i
+    ip -n "$ns" neigh del "$BMV2_IP" dev eth0 2>/dev/null
+    ip netns exec "$ns" ethtool -K eth0 tx on > /dev/null 2>&1
+  done
+}
 stop_aggs() {
   local p
-  for p in "${AGG_PIDS[@]+"${AGG_PIDS[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${AGG_PIDS[@]+"${AGG_PIDS[@]}"}"; do wait "$p" 2>/dev/null; done
+  for p in "${AGG_PIDS[@]+"${AGG_PIDS[@]}"}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   AGG_PIDS=()
+  stop_bmv2
 }
 trap stop_aggs EXIT
 for c in $CONFIGS; do
@@ -195,6 +293,13 @@ for c in $CONFIGS; do
     bf16) scheme=bf16; algo=auto ;;
     bf16-ring) scheme=bf16; algo=auto
       mpi_extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4) ;;
+    *-agg-bmv2)
+      scheme=${c%%-agg-*}; algo=ps
+      if ! start_bmv2 "$OUTDIR/raw/${rate}_$c.agg"; then
+        status=1; stop_aggs; continue
+      fi
+      agg_args=(--aggregator "$AGG_URLS")
+      mpi_extra=(-x THC_AGGREGATOR_KEY_FILE) ;;
     *-agg-*)
       scheme=${c%%-agg-*}; algo=ps
       if ! start_aggs "${c##*-agg-}" "$OUTDIR/raw/${rate}_$c.agg"; then
@@ -207,7 +312,9 @@ for c in $CONFIGS; do
   esac
   log="$OUTDIR/raw/${rate}_$c.log"
   echo "[compare.sh] rate=$rate config=$c" >&2
-  if ! "$@" "${mpi_extra[@]+"${mpi_extra[@]}"}" "$TOOL" "${COMMON[@]}" --scheme "$scheme" --algo "$algo" \
+  common=("${COMMON[@]}")
+  [[ $c == *-agg-bmv2 ]] && common=("${COMMON_BMV2[@]}")
+  if ! "$@" "${mpi_extra[@]+"${mpi_extra[@]}"}" "$TOOL" "${common[@]}" --scheme "$scheme" --algo "$algo" \
        "${agg_args[@]+"${agg_args[@]}"}" "${EXTRA[@]+"${EXTRA[@]}"}" --json "$OUTDIR/raw/${rate}_$c.json" > "$log" 2>&1; then
     status=1
     echo "[compare.sh] rate=$rate config=$c FAILED (see $log)" >&2

@@ -234,6 +234,12 @@ Engine::Engine(const EngineConfig& cfg, Stats* stats)
   if (!budget_) budget_ = std::make_shared<Budget>(64, int64_t{1} << 30);
   if (!keys_) keys_ = std::make_shared<auth::KeyRing>();
   if (cfg_.shards < 1) cfg_.shards = 1;
+  if (cfg_.data_plane) {
+    // What a switch pipeline takes (switch_offload/p4/CONTRACT.md): one instance, the Tofino profile.
+    cfg_.shards = 1;
+    cfg_.max_lanes = proto::kTofinoLanes;
+    cfg_.payload_budget = proto::kTofinoPayloadBudget;
+  }
   cfg_.max_lanes = std::clamp(cfg_.max_lanes - cfg_.max_lanes % proto::kLaneQuantum, proto::kLaneQuantum, proto::kMaxLanes);
   cfg_.payload_budget = std::clamp(cfg_.payload_budget, proto::kLaneQuantum / 2, proto::kMaxPayloadBudget);
   std::random_device rd;
@@ -310,7 +316,12 @@ Handled Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, ui
     case MsgType::kStats: return on_stats(h, data, len, from, out);
     case MsgType::kDataValue:
     case MsgType::kDataIndex:
-    case MsgType::kDataMax: return on_data(h, data, len, pl, from, now, out);
+    case MsgType::kDataMax:
+      if (cfg_.data_plane) {
+        drop(Drop::kDataPlane);
+        return Handled::kDropped;
+      }
+      return on_data(h, data, len, pl, from, now, out);
     default: drop(Drop::kWrongDirection); return Handled::kDropped;
   }
 }
@@ -468,8 +479,12 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     // fills: the job gets (and is charged for) what its packets can use.
     const int L = proto::lanes_for(MsgType::kDataValue, WireInt::kU8, 0, std::min<int>(b.max_lanes, cfg_.max_lanes), budget);
     const int reg_bytes = Job::register_bytes(L, budget);
-    const int64_t fp = Job::footprint_for(S, reg_bytes);
+    // A data-plane job keeps its slots in the switch's registers (and its ops, which only data
+    // packets create, never get here): none here.
+    const int64_t fp = cfg_.data_plane ? static_cast<int64_t>(sizeof(Job)) : Job::footprint_for(S, reg_bytes);
     const std::string src = host_of(from);
+    if (cfg_.data_plane && (b.quorum < h.nworkers || L != proto::kTofinoLanes || budget < proto::kTofinoPayloadBudget))
+      return refuse_join(nullptr, h, ErrorCode::kNotSupported, Drop::kNotSupported, jkey, from, now, out);
     if (L < proto::kLaneQuantum || !budget_->reserve(fp, src, kid))
       return refuse_join(nullptr, h, ErrorCode::kNoResources, Drop::kNoResources, jkey, from, now, out);
     auto nj = std::make_unique<Job>();
@@ -489,11 +504,20 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
     nj->footprint = fp;
     nj->source = src;
     nj->tenant = kid;
-    nj->shadows.resize(S * 2u);
-    nj->regs.assign(S * 2ull * static_cast<uint64_t>(reg_bytes), 0);
-    for (uint32_t i = 0; i < S * 2u; ++i)
-      nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * static_cast<uint64_t>(reg_bytes);
-    nj->ops.resize(S * 4ull);
+    if (!cfg_.data_plane) {
+      nj->shadows.resize(S * 2u);
+      nj->regs.assign(S * 2ull * static_cast<uint64_t>(reg_bytes), 0);
+      for (uint32_t i = 0; i < S * 2u; ++i)
+        nj->shadows[i].reg = nj->regs.data() + static_cast<uint64_t>(i) * static_cast<uint64_t>(reg_bytes);
+      nj->ops.resize(S * 4ull);
+    } else {
+      const ErrorCode ec = cfg_.data_plane->job_created(dp_job(*nj));
+      if (ec != ErrorCode::kNone) {
+        budget_->release(fp, src, kid);
+        return refuse_join(nullptr, h, ec, ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported,
+                           jkey, from, now, out);
+      }
+    }
     memory_ += fp;
     stats_->jobs_created.add();
     j = nj.get();
@@ -501,6 +525,17 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
   } else if (h.nworkers != j->n || b.quorum != j->k || b.quorum_timeout_us != j->qt_us || b.max_lanes < j->L ||
              b.payload_budget < j->budget) {
     return refuse_join(j, h, ErrorCode::kConfigMismatch, Drop::kConfigMismatch, jkey, from, now, out);
+  }
+  if (cfg_.data_plane) {
+    // The data plane admits the worker (and holds the JOIN's table) before the JOIN_ACK lets it send.
+    ErrorCode ec = cfg_.data_plane->worker_joined(dp_job(*j), h.worker, from);
+    if (ec == ErrorCode::kNone && b.table.bits) ec = cfg_.data_plane->table_installed(dp_job(*j), b.table);
+    if (ec != ErrorCode::kNone) {
+      const Drop why = ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported;
+      if (j->joined) return refuse_join(j, h, ec, why, jkey, from, now, out);
+      free_job(j->key, now);  // created by this JOIN, held by nobody
+      return refuse_join(nullptr, h, ec, why, jkey, from, now, out);
+    }
   }
   j->joined |= bit;
   j->left &= ~bit;
@@ -545,6 +580,7 @@ Handled Engine::on_join(const Header& h, const uint8_t* data, size_t len, const 
       a.resume_op = j->max_op + 1;
     }
   }
+  if (cfg_.data_plane) a.resume_flags |= proto::kAckDataPlane;
   j->floor_set |= bit;
   j->ctl_nonce[h.worker] = h.seq;
   j->answer[h.worker].type = MsgType::kJoinAck;
@@ -601,6 +637,14 @@ Handled Engine::on_control(const Header& h, const uint8_t* data, size_t len, con
     if (e != proto::ParseError::kOk) {
       drop(static_cast<Drop>(static_cast<int>(e) - 1));
       return Handled::kAuthentic;
+    }
+    if (cfg_.data_plane) {
+      const ErrorCode ec = cfg_.data_plane->table_installed(dp_job(*j), t);
+      if (ec != ErrorCode::kNone) {
+        drop(ec == ErrorCode::kNoResources ? Drop::kNoResources : Drop::kNotSupported);
+        reply_error(j, h, ec, j->dkey, to, out);
+        return Handled::kAuthentic;
+      }
     }
     // Re-installing an id is safe without a barrier: a client only recycles an id after its own
     // earlier requests completed, and then every slot of those ops is Done (README "Tables").
@@ -970,6 +1014,7 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
 void Engine::free_job(const JobKey& key, uint64_t now) {
   auto it = jobs_.find(key);
   if (it == jobs_.end()) return;
+  if (cfg_.data_plane) cfg_.data_plane->job_freed(dp_job(*it->second));
   // Its workers' control floors outlive it for as long as their JOINs' cookies can verify.
   const Job& j = *it->second;
   for (uint64_t m = j.floor_set; m; m &= m - 1) {
@@ -981,6 +1026,24 @@ void Engine::free_job(const JobKey& key, uint64_t now) {
   memory_ -= it->second->footprint;
   jobs_.erase(it);  // its open list goes with it: nothing engine-wide refers to a job
   stats_->jobs_freed.add();
+}
+
+DataPlaneJob Engine::dp_job(const Job& j) const {
+  DataPlaneJob d;
+  d.id = j.key.id;
+  d.shard = j.key.shard;
+  d.n = j.n;
+  d.slots = j.S;
+  d.lanes = j.L;
+  d.payload_budget = j.budget;
+  return d;
+}
+
+bool Engine::touch(uint64_t job, uint16_t shard, uint64_t now) {
+  Job* j = find(job, shard);
+  if (!j) return false;
+  if (now > j->last_active) j->last_active = now;
+  return true;
 }
 
 void Engine::tick(uint64_t now, Sink& out) {

@@ -74,6 +74,39 @@ class Budget {
   std::map<uint32_t, Use> by_tenant_;
 };
 
+// Control-only mode for a switch data plane (thc-switchd): the engine runs the authenticated JOIN /
+// CHALLENGE / TABLE / LEAVE / STATS exchange by the same rules as the software aggregator and tells
+// the data plane what to install through these hooks; the data plane aggregates. The engine then
+// allocates no slot state, drops data packets (Drop::kDataPlane), offers one shard and the Tofino
+// profile (256 lanes, 1024-byte budget), refuses quorum jobs (k < n: partial aggregation needs
+// timers a pipeline lacks) with ERROR kNotSupported, and sets kAckDataPlane in every JOIN_ACK.
+struct DataPlaneJob {
+  uint64_t id = 0;
+  uint16_t shard = 0;
+  uint16_t n = 0;
+  uint32_t slots = 0;      // S: the job's window, slot indices 0..S-1 (each with two shadow sets)
+  int lanes = 0;           // max lanes per packet (256)
+  int payload_budget = 0;  // bytes (1024)
+};
+class DataPlaneHooks {
+ public:
+  virtual ~DataPlaneHooks() = default;
+  // The first cookie-checked JOIN of a job instance creates it. kNone accepts; any other code
+  // refuses that JOIN with an ERROR of the code, and no job exists.
+  virtual proto::ErrorCode job_created(const DataPlaneJob& j) = 0;
+  // A cookie-checked JOIN of worker w from `at`, before its JOIN_ACK is sent (so the data plane
+  // admits the worker's datagrams before the worker may send any). Called for every JOIN that
+  // draws a new JOIN_ACK, also a worker's JOIN from a new address (whose old admission it
+  // replaces); a repeat of the worker's newest JOIN gets the same answer again without a call.
+  // kNone accepts; otherwise the JOIN gets an ERROR of that code.
+  virtual proto::ErrorCode worker_joined(const DataPlaneJob& j, uint16_t w, const PeerAddr& at) = 0;
+  // A table installed by a JOIN or TABLE, before its acknowledgement; a retransmitted TABLE does
+  // not call it again. kNone accepts; otherwise the request gets an ERROR of that code.
+  virtual proto::ErrorCode table_installed(const DataPlaneJob& j, const proto::TableSpec& t) = 0;
+  // The job instance was freed (every worker left, or it was idle): remove it from the data plane.
+  virtual void job_freed(const DataPlaneJob& j) = 0;
+};
+
 struct EngineConfig {
   uint32_t max_slots_per_job = 4096;
   int max_lanes = proto::kMaxLanes;               // lanes per packet offered at most
@@ -98,6 +131,8 @@ struct EngineConfig {
   size_t max_join_floors = size_t{1} << 16;
   // Server-wide counters for STATS requests (the server sums its shards); null = this engine's.
   std::function<std::vector<uint64_t>()> stats_snapshot;
+  // Non-null: control-only mode for a data plane (see DataPlaneHooks). Not owned.
+  DataPlaneHooks* data_plane = nullptr;
 };
 
 // Nanoseconds since the epoch (the unit of operator STATS nonces).
@@ -136,6 +171,11 @@ class Engine {
   // 1 ms while some open slot may complete by timeout, else 100 ms.
   uint64_t tick_interval_us() const;
 
+  // A data plane saw traffic of this job instance: it is alive (the engine sees only control
+  // traffic of a data-plane job, so its idle timeout would otherwise free a busy job). Returns
+  // whether the job exists.
+  bool touch(uint64_t job, uint16_t shard, uint64_t now_us);
+
   size_t job_count() const { return jobs_.size(); }
   int64_t memory_bytes() const { return memory_; }
   Stats& stats() { return *stats_; }
@@ -170,6 +210,7 @@ class Engine {
   void send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out);
   void send_ack_not_counted(Job& j, const proto::Header& h, Sink& out);
   void free_job(const JobKey& key, uint64_t now);
+  DataPlaneJob dp_job(const Job& j) const;
   uint64_t new_seed(uint64_t job);
   // Control nonces of workers of jobs that do not exist (freed, or never created because their
   // JOIN was refused), kept while a cookie their JOINs carried can still verify (see on_join).

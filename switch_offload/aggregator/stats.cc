@@ -29,6 +29,8 @@ const char* drop_name(Drop d) {
     case Drop::kStatsDenied: return "stats_denied";
     case Drop::kBadLanes: return "bad_lanes";
     case Drop::kJobBusy: return "job_busy";
+    case Drop::kNotSupported: return "not_supported";
+    case Drop::kDataPlane: return "data_plane";
     case Drop::kCount: break;
   }
   return "?";

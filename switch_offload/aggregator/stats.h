@@ -37,6 +37,8 @@ enum class Drop : int {
   kStatsDenied,     // STATS neither from loopback nor tagged with the operator key
   kBadLanes,        // lanes differ from what the job negotiated for the packet's encoding
   kJobBusy,         // a restarted worker's JOIN while the job's earlier run still holds it
+  kNotSupported,    // join refused by a data-plane engine (quorum job, other profile, no route)
+  kDataPlane,       // a data packet reached a control-only engine (the data plane aggregates)
   kCount
 };
 const char* drop_name(Drop d);

@@ -47,6 +47,7 @@ const char* error_code_name(ErrorCode e) {
     case ErrorCode::kNoResources: return "no resources";
     case ErrorCode::kNoTable: return "no table";
     case ErrorCode::kLeftBehind: return "left behind";
+    case ErrorCode::kNotSupported: return "not supported";
     case ErrorCode::kJobBusy: return "job busy";
   }
   return "?";
@@ -134,6 +135,7 @@ bool error_code_known(uint32_t c) {
   switch (static_cast<ErrorCode>(c)) {
     case ErrorCode::kUnknownJob: case ErrorCode::kBadWorker: case ErrorCode::kConfigMismatch:
     case ErrorCode::kNoResources: case ErrorCode::kNoTable: case ErrorCode::kLeftBehind: case ErrorCode::kJobBusy:
+    case ErrorCode::kNotSupported:
       return true;
     case ErrorCode::kNone: break;
   }
@@ -388,7 +390,7 @@ ParseError parse_join_ack(const uint8_t* p, size_t len, JoinAckBody* out) {
   if (b.slots < 1 || b.slots > kMaxSlots || b.max_lanes < kLaneQuantum || b.max_lanes > kMaxLanes ||
       b.max_lanes % kLaneQuantum != 0 || b.payload_budget < kLaneQuantum / 2 ||
       b.payload_budget > kMaxPayloadBudget || b.nworkers < 1 || b.nworkers > kMaxWorkers || b.quorum < 1 ||
-      b.quorum > b.nworkers || b.shards < 1 || b.shards > kMaxShards || (b.resume_flags & ~kResumeKnown) != 0)
+      b.quorum > b.nworkers || b.shards < 1 || b.shards > kMaxShards || (b.resume_flags & ~(kResumeKnown | kAckDataPlane)) != 0)
     return ParseError::kBadField;
   if (out) *out = b;
   return ParseError::kOk;

@@ -84,6 +84,8 @@ enum class ErrorCode : uint32_t {
   kNoTable = 7,         // index packet names a table id that is not installed (or wrong b/type)
   kLeftBehind = 8,      // partial aggregation went on without this worker and the result of
                         // this packet's slot is gone: the worker must rejoin
+  kNotSupported = 9,    // a JOIN this aggregator cannot serve: a switch data plane takes no quorum
+                        // jobs (k < n) and only the Tofino profile, and reaches only routed workers
   kJobBusy = 10,        // a restarted worker's fresh JOIN while the job's earlier run (some of its
                         // workers have neither restarted nor left) still holds the job instance
   kMax = 10,
@@ -191,6 +193,10 @@ struct JoinAckBody {
   uint32_t resume_flags = 0;
 };
 constexpr uint32_t kResumeKnown = 1;  // resume_seq is known (else: ask again with a JOIN)
+// Aggregation runs in a switch data plane (thc-switchd answered the JOIN): its RESULTs carry tag 0
+// (a pipeline cannot compute SipHash), it sends no ACK or ERROR on the data path, and it takes
+// index form only for b in {1, 2, 4, 8} (switch_offload/p4/CONTRACT.md).
+constexpr uint32_t kAckDataPlane = 2;
 
 // The JOIN's fixed part ends in 8 reserved zero bytes: they make the smallest JOIN (no table) at
 // least as large as the JOIN_ACK, so no answer to a JOIN, repeated or not, amplifies.

@@ -181,6 +181,14 @@ TEST(SwitchProtocol, RoundTripEveryType) {
   ASSERT_EQ(parse_join_ack(buf, sizeof buf, &back), ParseError::kOk);
   EXPECT_EQ(back.resume_seq, 12345u);
   EXPECT_EQ(back.shards, 2);
+  // resume_flags: bit 0 resume known, bit 1 a data plane aggregates; other bits are malformed.
+  a.resume_flags = kResumeKnown | kAckDataPlane;
+  ASSERT_EQ(write_join_ack(a, buf, sizeof buf), kJoinAckBytes);
+  ASSERT_EQ(parse_join_ack(buf, sizeof buf, &back), ParseError::kOk);
+  EXPECT_EQ(back.resume_flags, kResumeKnown | kAckDataPlane);
+  buf[39] = 4;
+  EXPECT_EQ(parse_join_ack(buf, sizeof buf, nullptr), ParseError::kBadField);
+  buf[39] = 1;
   buf[19] = 0;  // shards 0
   EXPECT_EQ(parse_join_ack(buf, sizeof buf, nullptr), ParseError::kBadField);
 }
@@ -243,12 +251,14 @@ TEST(SwitchProtocol, RejectsMalformed) {
 
   // Errors carry known codes only.
   Header e = control_header(MsgType::kError, j, 1, 5);
-  for (uint32_t code : {0u, 1u, 6u, 9u, 1000u}) {
+  for (uint32_t code : {0u, 1u, 6u, 11u, 1000u}) {
     e.aux = code;
     EXPECT_EQ(parse_err(make_packet(e, {}, nullptr)), ParseError::kBadField) << code;
   }
-  e.aux = static_cast<uint32_t>(ErrorCode::kLeftBehind);
-  EXPECT_EQ(parse_err(make_packet(e, {}, nullptr)), ParseError::kOk);
+  for (ErrorCode c : {ErrorCode::kLeftBehind, ErrorCode::kNotSupported, ErrorCode::kJobBusy}) {
+    e.aux = static_cast<uint32_t>(c);
+    EXPECT_EQ(parse_err(make_packet(e, {}, nullptr)), ParseError::kOk);
+  }
 
   // Join bodies: quorum above n, zero slots, lanes out of range, unknown flags, table bits 9,
   // trailing bytes.

@@ -61,6 +61,8 @@ inline std::vector<WlOp> wl_plan(uint64_t n) {
       {WlOp::kLookup, IntType::kU16, 300, 2, 6, false},
       {WlOp::kLookup, IntType::kU16, 600, 4, 0, false},
       {WlOp::kLookup, IntType::kI16, 1000, 8, 7, false},
+      // 32-bit sums of 4-bit indices: a switch job sends them in the value form (CONTRACT.md).
+      {WlOp::kLookup, IntType::kU32, 500, 4, 0, false},
       {WlOp::kSum, IntType::kU8, 1, 0, 0, false},
   };
 }

@@ -101,6 +101,8 @@ struct UdpReducer::Impl {
   int budget = 0;   // payload budget
   int shards = 1;
   uint64_t all = 0;
+  // JOIN_ACK kAckDataPlane: a switch pipeline aggregates (switch_offload/p4/CONTRACT.md).
+  bool data_plane = false;
   FaultInjector tx_fault, rx_fault;
   UdpClientStats st;
 
@@ -288,6 +290,17 @@ struct UdpReducer::Impl {
       case proto::ErrorCode::kNoResources:
         what += " (aggregator --max-jobs, --max-memory or --max-jobs-per-source reached)";
         break;
+      case proto::ErrorCode::kNotSupported:
+        s = Status::kUnsupported;
+        what += opt.quorum > 0 && opt.quorum < opt.world
+                    ? " (the aggregator is a switch data plane, thc-switchd: it takes no quorum jobs; quorum " +
+                          std::to_string(opt.quorum) + " < " + std::to_string(opt.world) +
+                          " workers needs a software aggregator, thc-aggregator or thc-aggregator-dpdk)"
+                    : " (the aggregator is a switch data plane, thc-switchd: it needs the Tofino profile, 256 lanes in "
+                      "a 1024-byte payload, a route to this worker's address and, for index form, b in {1,2,4,8} with "
+                      "8- or 16-bit sums; "
+                      "see thc-switchd's log)";
+        break;
       default: break;
     }
     die(s, where() + ": " + what);
@@ -313,6 +326,15 @@ struct UdpReducer::Impl {
       ok = data_key || auth::verify(jkey, p, n);
     } else {
       ok = seed != 0 && auth::verify(dkey, p, n);
+      // A switch pipeline cannot compute SipHash: its RESULTs carry tag 0. Taken only on a job whose
+      // JOIN_ACK (authenticated) said so, from the joined address (the channel takes datagrams
+      // from the aggregator's address only), and by on_result only for a packet in flight with
+      // every worker counted; everything else stays authenticated (protocol README "Tofino").
+      if (!ok && data_plane && h.type == proto::MsgType::kResult && h.tag == 0) {
+        if (h.flags == 0 && h.bitmap == all && h.contributors == opt.world) return on_result(h, pl, plen);
+        st.ignored++;
+        return;
+      }
     }
     if (!ok) {
       st.bad_tags++;
@@ -734,6 +756,9 @@ struct UdpReducer::Impl {
                           " ms; a worker of the job may have died (without a quorum the job waits for every "
                           "worker), or the aggregator is unreachable or restarted";
         why += last_error();
+        if (data_plane)
+          why += "; the aggregator is a switch data plane, which drops what it refuses without an error (see the "
+                 "data plane's drop counters in thc-switchd's STATS)";
         die(Status::kTimeout, why);
       }
       for (Pkt*& p : probe)
@@ -935,6 +960,7 @@ struct UdpReducer::Impl {
       L = a.max_lanes;
       budget = a.payload_budget;
       shards = a.shards;
+      data_plane = (a.resume_flags & proto::kAckDataPlane) != 0;
       if (fresh) {
         S = a.slots;
         max_dgram = proto::kHeaderBytes + static_cast<size_t>(budget);
@@ -1223,6 +1249,24 @@ std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uin
   if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
     fail(Status::kInvalidArgument, "aggregator client: lookup table needs 1..8 bits and 2^bits values (got bits=" +
                                        std::to_string(table.bits) + ", " + std::to_string(table.values.size()) + " values)");
+  const size_t w = proto::wire_int_bytes(wire_of(type));
+  if (impl_->data_plane && ((table.bits != 1 && table.bits != 2 && table.bits != 4 && table.bits != 8) || w == 4)) {
+    // A switch takes the index form for byte-aligned widths and 8/16-bit sums only (CONTRACT.md):
+    // look the codes up here and send the values (Cnat's b = 5), summed in place in `sums`.
+    auto* out = static_cast<uint8_t*>(sums);
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint32_t v = static_cast<uint32_t>(table.values[proto::get_index(packed, i, table.bits)]);
+      if (w == 1) {
+        out[i] = static_cast<uint8_t>(v);
+      } else if (w == 2) {
+        const uint16_t x = static_cast<uint16_t>(v);
+        std::memcpy(out + 2 * i, &x, 2);
+      } else {
+        std::memcpy(out + 4 * i, &v, 4);
+      }
+    }
+    return start_sum(sums, count, type);
+  }
   auto op = std::make_shared<Op>();
   op->kind = Kind::kLookup;
   op->count = count;
