@@ -12,9 +12,11 @@
 // a software prefetch (kPrefetchFloats).
 
 // GCC 12's AVX-512 intrinsics (permutes, shuffles, conversions) start from _mm512_undefined_*,
-// which trips a false -Wmaybe-uninitialized (GCC bug 105593, fixed in 12.3 / 13).
+// which trips a false -Wmaybe-uninitialized, or -Wuninitialized once inlined into a lambda (GCC
+// bug 105593, fixed in 12.3 / 13).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "collectives/codec/codec_simd.cc"
@@ -172,6 +174,14 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
   }
 }
 
+// The per-vector bodies of the rounding loops are lambdas called 8 times per step of draws;
+// GCC does not always inline them on its own, and a call per 16 elements costs more than the body.
+#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
+#define THC_LAMBDA_INLINE __attribute__((always_inline))
+#else
+#define THC_LAMBDA_INLINE
+#endif
+
 // Streaming reads of the input run a software prefetch this many floats ahead: on the machines
 // measured, the hardware prefetchers alone leave one core at about half its read bandwidth.
 // Prefetches past the end of an array are harmless (no fault), and mostly hit the next block.
@@ -215,7 +225,7 @@ HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F
   HWY_ALIGN uint32_t draws[8 * kMaxU32];
   for (; i < n; i += 8 * N) {
     PhiloxRound16(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 8),
-                  [&](size_t q, hn::Vec<DU> j) { hn::Store(j, du, draws + q * N); });
+                  [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { hn::Store(j, du, draws + q * N); });
     const uint64_t m = n - i < 8 * N ? n - i : 8 * N;
     for (uint64_t k = 0; k < m; ++k) per_elem(i + k, draws[k]);
   }
@@ -266,9 +276,22 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
     const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
     const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
-    auto one = [&](uint64_t j, hn::Vec<DU> r) {
-      const auto v = grid(j);
-      const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g]: truncation = floor
+    // thc_grid in five operations: NaN -> 0 by the zeroing mask of the Min, and no Min with g at
+    // the end. Without that clamp v = (t + t) * g/(2t) can round to just above g (at most g + 1
+    // ulp, still below 32): k = g then reads the copy of cell g - 1, as thc_round's clamp of k
+    // does, and p16 = (v - lo) * inv16 only grows, while with the clamp it is already at least
+    // 65535.75 (v - lo = the cell's span, inv16 = 2^16 / span within an ulp): every draw goes up
+    // either way, to the same hi code and value.
+    const __m512 vt = _mm512_set1_ps(tb.t), vnegt = _mm512_set1_ps(-tb.t);
+    const __m512 vg2t = _mm512_set1_ps(tb.g_over_2t), vencz = _mm512_set1_ps(enc);
+    auto grid5 = [&](uint64_t i) {
+      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(work + i), vencz);
+      const __m512 yc = _mm512_max_ps(_mm512_maskz_min_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), y, vt), vnegt);
+      return _mm512_mul_ps(_mm512_add_ps(yc, vt), vg2t);
+    };
+    auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
+      const hn::Vec<DF> v{grid5(j)};
+      const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g + 1 ulp]: truncation = floor
       const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
       const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
       const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
@@ -288,7 +311,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
       for (; i + step <= n; i += step) {
         if (prefetch) PrefetchL2(prefetch + i, step);
-        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
       }
     }
   }
@@ -300,7 +323,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     const auto* base_f = reinterpret_cast<const float*>(tb.cells);
     const auto o1 = hn::Set(di, 1), o2 = hn::Set(di, 2), o3 = hn::Set(di, 3);
     const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
-    auto one = [&](uint64_t j, hn::Vec<DU> r) {
+    auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
       const auto v = grid(j);
       const auto k = hn::Max(hn::Min(hn::ConvertTo(di, v), gm1), zi);  // Max: NaN-safe
       const auto k4 = hn::ShiftLeft<2>(k);
@@ -320,7 +343,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     };
     for (; i + step <= n; i += step) {
       if (prefetch) PrefetchL2(prefetch + i, step);
-      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
     }
   }
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
@@ -355,7 +378,7 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   // (+1 when going up).
   // x * 1 is x for every float but NaN, which never gets here: Cnat (enc = 1) skips the product.
   const bool scale_enc = enc != 1.0f;
-  auto one = [&](uint64_t j, hn::Vec<DU> rd) {
+  auto one = [&](uint64_t j, hn::Vec<DU> rd) THC_LAMBDA_INLINE {
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
     auto r = hn::Mul(hn::Mul(hn::Abs(a), v1), v2);
@@ -390,7 +413,7 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   };
   uint64_t i = 0;
   for (; i + step <= n; i += step)
-    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float a = x[j];
     const float rr = elem::scale2(std::fabs(a), e) * enc;

@@ -233,6 +233,31 @@ HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Reparti
   PhiloxToElems(d32, y0, y1, y2, y3, r2, r3);
 }
 
+#if HWY_TARGET <= HWY_AVX3
+// PhiloxRound16 on 512-bit vectors: the four words w0..w3 of one counter vector (counter lane q
+// = group g + q) -> fn(q0 + t, draws of the 16 elements of groups g + 2t, g + 2t + 1), t = 0..3.
+// Words 0 and 1 of each lane joined into one 64-bit lane (a dword shuffle merged under a mask)
+// hold the draws of the group's elements 0..3 as u16 4q .. 4q + 3, words 2 and 3 those of
+// elements 4..7; one two-source u16 permute per 16 elements picks them in element order into
+// the even u16 of each u32 lane, zeroing the odd ones.
+template <class D32, class F, class V>
+HWY_INLINE void PhiloxEmitZmm(F& fn, size_t q0, V w0, V w1, V w2, V w3) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35, 0,
+                                                    4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39, 0};
+  const __m512i a = _mm512_mask_shuffle_epi32(w0.raw, 0xAAAA, w1.raw, _MM_PERM_CDAB);
+  const __m512i b = _mm512_mask_shuffle_epi32(w2.raw, 0xAAAA, w3.raw, _MM_PERM_CDAB);
+  const __m512i idx0 = _mm512_load_si512(kIdx);
+  const __m512i eight = _mm512_set1_epi16(8);  // two groups further: u16 4q + 8
+  const __m512i idx1 = _mm512_add_epi16(idx0, eight), idx2 = _mm512_add_epi16(idx1, eight);
+  const __m512i idx3 = _mm512_add_epi16(idx2, eight);
+  const __mmask32 even = 0x55555555u;
+  fn(q0 + 0, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx0, b)});
+  fn(q0 + 1, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx1, b)});
+  fn(q0 + 2, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx2, b)});
+  fn(q0 + 3, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx3, b)});
+}
+#endif
+
 // Stochastic-rounding bits (philox.h: 16 bits per element, rng::kRoundGroup = 8 elements per
 // call) of 8 Lanes(d32) consecutive elements starting at element 8 g0, zero-extended into u32
 // lanes: f(q, j) for q = 0..7, j holding the bits of elements 8 g0 + q Lanes(d32) .. + Lanes(d32)
@@ -244,11 +269,7 @@ HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repart
                               uint32_t g0, F&& fn) {
 #if HWY_TARGET <= HWY_AVX3
   if constexpr (kPhiloxZmm<hn::Repartition<uint64_t, D32>>) {
-    // Counter lane q holds group g0 + q (+ 8 in the second vector). Words 0 and 1 of each lane
-    // joined into one 64-bit lane (a dword shuffle merged under a mask) hold the draws of the
-    // group's elements 0..3 as u16 4q .. 4q + 3, words 2 and 3 those of elements 4..7; one
-    // two-source u16 permute per 16 elements picks them in element order into the even u16 of
-    // each u32 lane, zeroing the odd ones.
+    // Counter lane q holds group g0 + q (+ 8 in the second vector); PhiloxEmitZmm orders them.
     const hn::Repartition<uint64_t, D32> d64;
     using V = hn::Vec<decltype(d64)>;
     const V patm = MulLo32(d64, pat, hn::Set(d64, kPhiloxM0));
@@ -256,23 +277,8 @@ HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repart
     const V p0b = hn::Add(patm, hn::Set(d64, (uint64_t{g0} + 8) * kPhiloxM0));
     V x0, x1, x2, x3, y0, y1, y2, y3;
     Philox10Q2(d64, f, p0a, p0b, &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
-    alignas(64) static constexpr uint16_t kIdx[32] = {
-        0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35, 0, 4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39, 0};
-    const __m512i idx0 = _mm512_load_si512(kIdx);
-    const __m512i step = _mm512_set1_epi16(8);  // two groups further: u16 4q + 8
-    const __mmask32 even = 0x55555555u;
-    auto emit = [&](size_t q0, V w0, V w1, V w2, V w3) {
-      const __m512i a = _mm512_mask_shuffle_epi32(w0.raw, 0xAAAA, w1.raw, _MM_PERM_CDAB);
-      const __m512i b = _mm512_mask_shuffle_epi32(w2.raw, 0xAAAA, w3.raw, _MM_PERM_CDAB);
-      __m512i idx = idx0;
-      HWY_UNROLL(4)
-      for (size_t t = 0; t < 4; ++t) {
-        fn(q0 + t, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx, b)});
-        idx = _mm512_add_epi16(idx, step);
-      }
-    };
-    emit(0, x0, x1, x2, x3);
-    emit(4, y0, y1, y2, y3);
+    PhiloxEmitZmm<D32>(fn, 0, x0, x1, x2, x3);
+    PhiloxEmitZmm<D32>(fn, 4, y0, y1, y2, y3);
     return;
   }
 #endif
