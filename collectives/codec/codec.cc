@@ -50,6 +50,13 @@ void store_any(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n
   }
 }
 
+// Decode results of calls at least this large are written with non-temporal stores: larger than
+// a core's share of the last-level cache on the machines measured, they are evicted before the
+// caller reads them, so reading each line in before overwriting it (what a normal store does)
+// only costs memory bandwidth. (sysconf's cache sizes are not trustworthy in VMs: 320 MiB of L3
+// on the 32 MiB one measured.)
+constexpr uint64_t kStreamBytes = uint64_t{16} << 20;
+
 }  // namespace
 
 const char* scheme_name(Scheme s) {
@@ -380,8 +387,8 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
         // dequantised rotated value. Computed exactly like decode with one contributor.
         const float step = static_cast<float>(2.0 * t_p_ / g_);
         const float half = 0.5f * static_cast<float>(g_);
-        kern::thc_dequant(IntType::kI32, val, 0, w, half, step, bs.dec, work);
-        kern::rotate_inverse(work, w, m, bs.exp, rng.shared(), blk, xb, res);  // fwht + signs_postscale
+        kern::thc_decode_block(IntType::kI32, val, 0, w, m, half, step, bs.dec, bs.exp, rng.shared(), blk, xb, res,
+                               work, false);
       } else {
         kern::nat_dequant(IntType::kI32, val, 0, m, bs.dec, bs.exp, xb, res);
       }
@@ -401,6 +408,9 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
   uint64_t wire_off = 0;
   const float cnt = static_cast<float>(contributors);
   const float inv_cnt = mean ? 1.0f / cnt : 1.0f;
+  // A call's result larger than the last-level cache is not read back soon after each block:
+  // the decode writes it past the caches instead of reading every line in before writing it.
+  const bool stream = lay.count * sizeof(float) >= kStreamBytes;
   for (uint64_t k = 0; k < nblocks; ++k) {
     const uint64_t blk = first_block + k;
     const uint64_t m = lay.elems(blk), w = lay.wire(blk);
@@ -415,8 +425,8 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
       const float step = static_cast<float>(2.0 * t_p_ / g_);
       const float half = 0.5f * static_cast<float>(g_) * cnt;
       const float f = bs.dec * inv_cnt;
-      kern::thc_dequant(sum_type_, sums, wire_off, w, half, step, f, work);
-      kern::rotate_inverse(work, w, m, bs.exp, rng.shared(), blk, nullptr, ob);  // fwht + signs_postscale
+      kern::thc_decode_block(sum_type_, sums, wire_off, w, m, half, step, f, bs.exp, rng.shared(), blk, nullptr, ob,
+                             work, stream);
     } else {
       kern::nat_dequant(sum_type_, sums, wire_off, m, bs.dec * inv_cnt, bs.exp, nullptr, ob);
     }

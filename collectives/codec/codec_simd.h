@@ -55,6 +55,17 @@ void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::St
 void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
                            uint64_t blk, const float* sub, float* out);
 
+// THC decode of one block, fused: thc_dequant(t, sums, off, wire, half, step, f, work) then
+// rotate_inverse(work, wire, m, e, ...) into out (the dequantisation runs inside the first FWHT
+// pass). stream: the caller will not read out soon (a call larger than the last-level cache):
+// whole 64-byte lines of out may be written with non-temporal stores. work is clobbered.
+void thc_decode_block(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half, float step,
+                      float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub, float* out, float* work,
+                      bool stream);
+void thc_decode_block_scalar(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half,
+                             float step, float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub,
+                             float* out, float* work);
+
 // THC stochastic rounding of n rotated values: y = work[i] * enc, v = thc_grid(y),
 // thc_round(v, u_i) with u_i the own-stream rounding uniform of element i of block blk
 // (philox.h: rng::round_unit of the 16 bits rng::round_bits of group i / 8).

@@ -677,6 +677,51 @@ TEST(SimdKernels, RotateMatchesScalarComposition) {
   });
 }
 
+// The fused THC decode of a block (dequantisation in the first FWHT pass, inverse signs and
+// scale in the last), also with the non-temporal last pass of large calls, which joins lines from
+// two vectors when out is not 64-byte aligned: every misalignment, every sum type, whole and
+// partial blocks, with and without a residual; nothing outside out[0..m) is written.
+TEST(SimdKernels, DecodeBlockMatchesScalar) {
+  std::mt19937 gen(12);
+  for_each_target([&] {
+    for (int lg : {8, 10, 11, 14, 15, 16}) {
+      const uint64_t wire = uint64_t{1} << lg;
+      const rng::Stream shared{7, rng::kSharedStream, 5};
+      const auto sub = make_input(Input::kGauss, wire, 8);
+      for (IntType t : {IntType::kU8, IntType::kU16, IntType::kU32, IntType::kI8, IntType::kI16, IntType::kI32}) {
+        const size_t ws = int_size(t);
+        std::vector<uint8_t> sums((wire + 3) * ws);
+        for (auto& b : sums) b = static_cast<uint8_t>(gen());
+        for (uint64_t m : {wire, wire - 5}) {
+          for (bool stream : {false, true}) {
+            for (const float* sb : {static_cast<const float*>(nullptr), sub.data()}) {
+              for (uint64_t mis : {0, 1, 4, 9, 15}) {
+                if (!stream && mis != 1) continue;
+                if (lg != 14 && t != IntType::kU8 && mis > 1) continue;  // keep the grid small
+                SCOPED_TRACE("2^" + std::to_string(lg) + " " + int_name(t) + " m " + std::to_string(m) +
+                             (stream ? " stream" : "") + (sb ? " sub" : "") + " out +" + std::to_string(mis));
+                // out at `mis` floats past a 64-byte boundary, guards around it.
+                std::vector<float> wa(wire), wb(wire), oa(wire + 64, 7.0f), ob(wire + 64, 7.0f);
+                auto at = [mis](std::vector<float>& v) {  // 16 guard floats, then `mis` past a line start
+                  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+                  return v.data() + ((64 - p % 64) % 64) / 4 + 16 + mis;
+                };
+                const int e = lg % 2 ? -3 : 0;
+                kern::thc_decode_block(t, sums.data(), 3, wire, m, 40.0f, 0.1436f, 0.37f, e, shared, 21, sb, at(oa),
+                                       wa.data(), stream);
+                kern::thc_decode_block_scalar(t, sums.data(), 3, wire, m, 40.0f, 0.1436f, 0.37f, e, shared, 21, sb,
+                                              at(ob), wb.data());
+                const std::vector<float> ra(at(oa) - 16, at(oa) + wire + 16), rb(at(ob) - 16, at(ob) + wire + 16);
+                ASSERT_TRUE(same_bits(ra.data(), rb.data(), ra.size() * 4)) << first_diff(ra, rb);
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(SimdKernels, DequantAndStoreEveryIntType) {
   std::mt19937 gen(5);
   const uint64_t n = 1037;
