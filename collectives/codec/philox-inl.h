@@ -240,17 +240,21 @@ HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Reparti
 // hold the draws of the group's elements 0..3 as u16 4q .. 4q + 3, words 2 and 3 those of
 // elements 4..7; one two-source u16 permute per 16 elements picks them in element order into
 // the even u16 of each u32 lane, zeroing the odd ones.
-template <class D32, class F, class V>
+// kHigh: into the odd u16 instead (u32 lanes j << 16).
+template <class D32, bool kHigh, class F, class V>
 HWY_INLINE void PhiloxEmitZmm(F& fn, size_t q0, V w0, V w1, V w2, V w3) {
-  alignas(64) static constexpr uint16_t kIdx[32] = {0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35, 0,
-                                                    4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39, 0};
+  alignas(64) static constexpr uint16_t kIdxLo[32] = {0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35, 0,
+                                                      4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39, 0};
+  alignas(64) static constexpr uint16_t kIdxHi[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35,
+                                                      0, 4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39};
+  const uint16_t* kIdx = kHigh ? kIdxHi : kIdxLo;
   const __m512i a = _mm512_mask_shuffle_epi32(w0.raw, 0xAAAA, w1.raw, _MM_PERM_CDAB);
   const __m512i b = _mm512_mask_shuffle_epi32(w2.raw, 0xAAAA, w3.raw, _MM_PERM_CDAB);
   const __m512i idx0 = _mm512_load_si512(kIdx);
   const __m512i eight = _mm512_set1_epi16(8);  // two groups further: u16 4q + 8
   const __m512i idx1 = _mm512_add_epi16(idx0, eight), idx2 = _mm512_add_epi16(idx1, eight);
   const __m512i idx3 = _mm512_add_epi16(idx2, eight);
-  const __mmask32 even = 0x55555555u;
+  const __mmask32 even = kHigh ? 0xAAAAAAAAu : 0x55555555u;
   fn(q0 + 0, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx0, b)});
   fn(q0 + 1, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx1, b)});
   fn(q0 + 2, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx2, b)});
@@ -264,7 +268,8 @@ HWY_INLINE void PhiloxEmitZmm(F& fn, size_t q0, V w0, V w1, V w2, V w3) {
 // - 1 in lane order. The words PhiloxElems4 returns, read as little-endian u16, are already the
 // draws in element order: each word vector is split into its lower and upper halves and
 // widened. pat = PhiloxLanePattern.
-template <class D32, class F>
+// kHigh: the draws shifted up by 16 bits (u32 lanes j << 16).
+template <bool kHigh = false, class D32, class F>
 HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repartition<uint64_t, D32>> pat,
                               uint32_t g0, F&& fn) {
 #if HWY_TARGET <= HWY_AVX3
@@ -277,8 +282,8 @@ HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repart
     const V p0b = hn::Add(patm, hn::Set(d64, (uint64_t{g0} + 8) * kPhiloxM0));
     V x0, x1, x2, x3, y0, y1, y2, y3;
     Philox10Q2(d64, f, p0a, p0b, &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
-    PhiloxEmitZmm<D32>(fn, 0, x0, x1, x2, x3);
-    PhiloxEmitZmm<D32>(fn, 4, y0, y1, y2, y3);
+    PhiloxEmitZmm<D32, kHigh>(fn, 0, x0, x1, x2, x3);
+    PhiloxEmitZmm<D32, kHigh>(fn, 4, y0, y1, y2, y3);
     return;
   }
 #endif
@@ -286,14 +291,15 @@ HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repart
   const hn::Half<decltype(d16)> dh;
   hn::Vec<D32> r0, r1, r2, r3;
   PhiloxElems4(d32, f, pat, g0, &r0, &r1, &r2, &r3);
-  fn(0, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r0))));
-  fn(1, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r0))));
-  fn(2, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r1))));
-  fn(3, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r1))));
-  fn(4, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r2))));
-  fn(5, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r2))));
-  fn(6, hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r3))));
-  fn(7, hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r3))));
+  auto up = [](hn::Vec<D32> v) { return kHigh ? hn::ShiftLeft<16>(v) : v; };
+  fn(0, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r0)))));
+  fn(1, up(hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r0)))));
+  fn(2, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r1)))));
+  fn(3, up(hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r1)))));
+  fn(4, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r2)))));
+  fn(5, up(hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r2)))));
+  fn(6, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r3)))));
+  fn(7, up(hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r3)))));
 }
 
 // Words of groups [g0, g0 + Lanes(d)) in element order: out[4 j + k] = word k of group g0 + j

@@ -592,7 +592,7 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
   for (float v : {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-38f, 3.4e38f, -3.4e38f}) x.push_back(v);
   for_each_target([&] {
     for (int levels : {1, 2, 7, 15, 31}) {
-      for (int e : {-40, -3, 0, 5, 100}) {
+      for (int e : {-127, -40, -3, 0, 5, 95, 96, 100}) {
         for (uint64_t n : {x.size(), x.size() - 3, uint64_t{5}}) {
           for (float enc : {0.75f, 1.0f}) {  // 1: Cnat, whose kernel skips the product
             const int bits = 6;
