@@ -342,10 +342,11 @@ void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t
     tb.t = static_cast<float>(t_p_);
     tb.gf = static_cast<float>(g_);
     tb.g_over_2t = static_cast<float>(g_ / (2.0 * t_p_));
-    // Meanwhile the next block's input (contiguous in this call; past its end the prefetch
-    // fetches nothing useful but does no harm) moves towards L2: the RHT's first pass, which
-    // reads it, otherwise waits for memory while the rest of the encode leaves it idle.
-    kern::thc_quantize(work, wire, bs.enc, tb, own, blk, idx, val, x + block());
+    // Meanwhile the input of the block after next (contiguous in this call; past its end the
+    // prefetch fetches nothing useful but does no harm) moves towards L2: the RHT's first pass,
+    // which reads it, otherwise waits for memory while the rest of the encode leaves it idle.
+    // Two blocks ahead rather than one: about 4 % faster on 64 MB (one or four: slower).
+    kern::thc_quantize(work, wire, bs.enc, tb, own, blk, idx, val, x + 2 * block());
   } else {
     kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val);
   }
