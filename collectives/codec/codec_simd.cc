@@ -34,6 +34,7 @@
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
 #include "collectives/codec/philox-inl.h"
+#include "collectives/codec/thc_round-inl.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -191,10 +192,6 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
 // prefetchers alone read 64 MB 7-25 % faster than with software prefetches in the way.
 constexpr size_t kPrefetchFloats = 4096;
 
-// n floats at p towards L2, one prefetch per cache line (prefetches never fault).
-HWY_INLINE void PrefetchL2(const float* p, size_t n) {
-  for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 2);
-}
 
 // Draws of the own stream come straight from Philox in registers, in element order
 // (PhiloxRound16): eight vectors of 16-bit draws j per step. The scalar reference compares
@@ -259,58 +256,14 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   };
   uint64_t i = 0;
 #if THC_HAVE_AVX512
-  if (tb.g <= 31 && tb.t >= 1e-20f) {
-    // The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
-    // Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
-    // inv16 = inv_span * 2^16: u < p  <=>  j + 1/2 < (v - lo) * inv16, both sides scaled
-    // exactly by 2^16 (v - lo is 0 or far above the denormal range).
-    HWY_ALIGN float lo_f[32], inv16[32];
-    HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
-    for (int k = 0; k < 32; ++k) {
-      const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
-      lo_f[k] = static_cast<float>(c.lo_val);
-      inv16[k] = c.inv_span * 65536.0f;
-      lo_i[k] = c.lo_val;
-      hi_i[k] = c.hi_val;
-      pair[k] = c.lo_idx | (c.hi_idx << 8);
-    }
-    const __m512 LF0 = _mm512_load_ps(lo_f), LF1 = _mm512_load_ps(lo_f + 16);
-    const __m512 IV0 = _mm512_load_ps(inv16), IV1 = _mm512_load_ps(inv16 + 16);
-    const __m512 half = _mm512_set1_ps(0.5f);
-    const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
-    const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
-    const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
-    // thc_grid in five operations: NaN -> 0 by the zeroing mask of the Min, and no Min with g at
-    // the end. Without that clamp v = (t + t) * g/(2t) can round to just above g (at most g + 1
-    // ulp, still below 32): k = g then reads the copy of cell g - 1, as thc_round's clamp of k
-    // does, and p16 = (v - lo) * inv16 only grows, while with the clamp it is already at least
-    // 65535.75 (v - lo = the cell's span, inv16 = 2^16 / span within an ulp): every draw goes up
-    // either way, to the same hi code and value.
-    const __m512 vt = _mm512_set1_ps(tb.t), vnegt = _mm512_set1_ps(-tb.t);
-    const __m512 vg2t = _mm512_set1_ps(tb.g_over_2t), vencz = _mm512_set1_ps(enc);
-    auto grid5 = [&](uint64_t i) {
-      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(work + i), vencz);
-      const __m512 yc = _mm512_max_ps(_mm512_maskz_min_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), y, vt), vnegt);
-      return _mm512_mul_ps(_mm512_add_ps(yc, vt), vg2t);
-    };
+  if (ThcRegRound::Usable(tb)) {
+    const ThcRegRound rr(tb, enc);
     auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
-      const hn::Vec<DF> v{grid5(j)};
-      const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g + 1 ulp]: truncation = floor
-      const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
-      const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
-      const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
-      const __m512 u16 = _mm512_add_ps(_mm512_cvtepi32_ps(r.raw), half);
-      const __mmask16 up = _mm512_cmp_ps_mask(u16, p16, _CMP_LT_OQ);
-      if (val) {
-        const __m512i q = _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(LI0, k, LI1),
-                                                  _mm512_permutex2var_epi32(HI0, k, HI1));
-        _mm512_storeu_si512(val + j, q);
-      }
-      if (idx) {
-        const __m512i pr = _mm512_permutex2var_epi32(PR0, k, PR1);
-        const __m512i code = _mm512_mask_srli_epi32(pr, up, pr, 8);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + j), _mm512_cvtepi32_epi8(code));
-      }
+      __m512i k;
+      __mmask16 up;
+      rr.Round(_mm512_loadu_ps(work + j), r.raw, &k, &up);
+      if (val) _mm512_storeu_si512(val + j, rr.Value(k, up));
+      if (idx) _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + j), _mm512_cvtepi32_epi8(rr.Code(k, up)));
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
       for (; i + step <= n; i += step) {

@@ -55,6 +55,17 @@ void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::St
 void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
                            uint64_t blk, const float* sub, float* out);
 
+// THC encode of one block, fused: rotate_forward(x, elems, wire, e, shared, blk, work) then
+// thc_quantize(work, wire, enc, tb, own, blk, idx, val, prefetch); with packed4 the codes (b = 4)
+// go there packed (elem.h's bit order, wire / 2 bytes) and idx, which must then be given, is only
+// scratch. idx and val may be null. work is clobbered.
+void thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared, uint64_t blk,
+                      float enc, const ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
+                      uint8_t* packed4, int32_t* val, const float* prefetch);
+void thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                             uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                             uint8_t* idx, uint8_t* packed4, int32_t* val);
+
 // THC decode of one block, fused: thc_dequant(t, sums, off, wire, half, step, f, work) then
 // rotate_inverse(work, wire, m, e, ...) into out (the dequantisation runs inside the first FWHT
 // pass). stream: the caller will not read out soon (a call larger than the last-level cache):

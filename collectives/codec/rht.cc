@@ -30,6 +30,7 @@
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
 #include "collectives/codec/philox-inl.h"
+#include "collectives/codec/thc_round-inl.h"
 #include "hwy/cache_control.h"
 
 #if HWY_ARCH_X86
@@ -86,6 +87,11 @@ void ThcDecodeBlockImpl(IntType t, const void* sums, uint64_t off, uint64_t n, u
                         float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub, float* out,
                         float* work, bool) {
   kern::thc_decode_block_scalar(t, sums, off, n, m, half, step, f, e, shared, blk, sub, out, work);
+}
+void ThcEncodeBlockImpl(const float* x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk,
+                        float enc, const kern::ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
+                        uint8_t* packed4, int32_t* val, const float*) {
+  kern::thc_encode_block_scalar(x, elems, n, e, shared, blk, enc, tb, own, work, idx, packed4, val);
 }
 #else
 constexpr uint64_t kTile = uint64_t{1} << 13;
@@ -307,48 +313,131 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
   FwhtGeneric(x, n);
 }
 
+#if THC_FWHT_AVX512
+// The first pass of the forward RHT (n >= 128): work = stages h = 1..64 of D scale2(x, e),
+// zero-padded from elems to n.
+HWY_INLINE void ForwardFirstPass(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e,
+                                 const rng::Stream& shared, uint64_t blk, float* HWY_RESTRICT work) {
+  const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
+  const int h = e / 2;
+  const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  auto flip = [&](uint64_t i, __m512 v) THC_RHT_LAMBDA_INLINE {
+    return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
+  };
+  if (elems == n && e >= -1 && e <= 126) {
+    // A whole block scaled by 2^e with e in [-1, 126]: one product, the same as scale2's two.
+    // Up (e >= 0) both are exact or overflow alike; e = -1 is a single product in scale2 too.
+    const __m512 p = _mm512_set1_ps(elem::pow2f(e));
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+      hwy::Prefetch(x + i + 4096);
+      return flip(i, _mm512_mul_ps(_mm512_loadu_ps(x + i), p));
+    });
+  } else if (elems == n) {
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+      hwy::Prefetch(x + i + 4096);
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), p1), p2));
+    });
+  } else {
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+      __m512 v;
+      if (i + 16 <= elems) {
+        v = _mm512_loadu_ps(x + i);
+      } else if (i < elems) {
+        v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (elems - i)) - 1u), x + i);
+      } else {
+        v = _mm512_setzero_ps();
+      }
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(v, p1), p2));  // scale2, then the sign flip (exact)
+    });
+  }
+}
+
+// The passes between the first and a last pass of three stages (n >= 1024): stages h = 128 ..
+// n / 16, in place.
+HWY_INLINE void MiddlePasses(float* HWY_RESTRICT work, uint64_t n) {
+  int rest = 0;
+  while ((uint64_t{128} << rest) < n / 8) ++rest;
+  uint64_t h = 128;
+  for (int passes = (rest + 3) / 4, p = 0; p < passes; ++p) {
+    const int r = (rest + (passes - p) - 1) / (passes - p);
+    RadixPassR(r, work, n, h, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
+    rest -= r;
+    h <<= r;
+  }
+}
+#endif
+
 // work = H D scale2(x, e) (zero-padded from elems to n): prescale_signs + fwht.
 void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
                        uint64_t blk, float* HWY_RESTRICT work) {
 #if THC_FWHT_AVX512
   if (n >= 128) {
-    const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
-    const int h = e / 2;
-    const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
-    const __m512 sign = _mm512_set1_ps(-0.0f);
-    auto flip = [&](uint64_t i, __m512 v) THC_RHT_LAMBDA_INLINE { return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign); };
-    if (elems == n && e >= -1 && e <= 126) {
-      // A whole block scaled by 2^e with e in [-1, 126]: one product, the same as scale2's two.
-      // Up (e >= 0) both are exact or overflow alike; e = -1 is a single product in scale2 too.
-      const __m512 p = _mm512_set1_ps(elem::pow2f(e));
-      FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-        hwy::Prefetch(x + i + 4096);
-        return flip(i, _mm512_mul_ps(_mm512_loadu_ps(x + i), p));
-      });
-    } else if (elems == n) {
-      FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-        hwy::Prefetch(x + i + 4096);
-        return flip(i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), p1), p2));
-      });
-    } else {
-      FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-        __m512 v;
-        if (i + 16 <= elems) {
-          v = _mm512_loadu_ps(x + i);
-        } else if (i < elems) {
-          v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (elems - i)) - 1u), x + i);
-        } else {
-          v = _mm512_setzero_ps();
-        }
-        return flip(i, _mm512_mul_ps(_mm512_mul_ps(v, p1), p2));  // scale2, then the sign flip (exact)
-      });
-    }
+    ForwardFirstPass(x, elems, n, e, shared, blk, work);
     LaterPasses(work, n, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
     return;
   }
 #endif
   kern::prescale_signs(x, elems, n, e, shared, blk, work);
   FwhtImpl(work, n);
+}
+
+// THC encode of one block: rotate_forward, then thc_quantize, and for packed4 the codes packed
+// as 4-bit (idx then only scratch). On AVX-512 with the cell table in registers the rounding
+// runs inside the RHT's last pass (three stages, rows h0 = n / 8 apart): each step's 8 vectors
+// of 16 rotated values are rounded as they leave the butterflies, with the draws of their 16
+// groups from one pair of Philox counter vectors (counter lane q of vector c: row 4c + q / 2,
+// group q % 2 of its two), instead of a store and a second pass that reads them back.
+void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
+                        uint64_t blk, float enc, const kern::ThcTables& tb, const rng::Stream& own,
+                        float* HWY_RESTRICT work, uint8_t* HWY_RESTRICT idx, uint8_t* HWY_RESTRICT packed4,
+                        int32_t* HWY_RESTRICT val, const float* prefetch) {
+#if THC_FWHT_AVX512
+  if (n >= 1024 && ThcRegRound::Usable(tb)) {
+    ForwardFirstPass(x, elems, n, e, shared, blk, work);
+    MiddlePasses(work, n);
+    const ThcRegRound rr(tb, enc);
+    const uint64_t h0 = n / 8;
+    const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
+    const hn::ScalableTag<uint32_t> d32;
+    const hn::Repartition<uint64_t, decltype(d32)> d64;
+    using V = hn::Vec<decltype(d64)>;
+    // c0 of counter lane q: (row 4c + q / 2) h0 / 8 + q % 2, plus the step's j / 8; times M0.
+    const V io = hn::Iota(d64, 0);
+    const V base = hn::Add(hn::Mul(hn::ShiftRight<1>(io), hn::Set(d64, h0 / 8)), hn::And(io, hn::Set(d64, 1)));
+    const V m0 = hn::Set(d64, kPhiloxM0);
+    const V patm0 = MulLo32(d64, base, m0);
+    const V patm1 = MulLo32(d64, hn::Add(base, hn::Set(d64, 4 * (h0 / 8))), m0);
+    for (uint64_t j = 0; j < h0; j += 16) {
+      if (prefetch) PrefetchL2(prefetch + 8 * j, 128);
+      __m512 v[8];
+      HWY_UNROLL(8)
+      for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(work + j + r * h0);
+      CrossStages<3>(v);
+      const V gm = hn::Set(d64, (j / 8) * uint64_t{kPhiloxM0});
+      V x0, x1, x2, x3, y0, y1, y2, y3;
+      Philox10Q2(d64, fam, hn::Add(patm0, gm), hn::Add(patm1, gm), &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
+      auto round = [&](size_t r, hn::Vec<decltype(d32)> draws) THC_RHT_LAMBDA_INLINE {
+        const uint64_t i = j + r * h0;
+        __m512i k;
+        __mmask16 up;
+        rr.Round(v[r], draws.raw, &k, &up);
+        if (val) _mm512_storeu_si512(val + i, rr.Value(k, up));
+        if (packed4) {
+          StorePacked4(rr.Code(k, up), packed4 + i / 2);
+        } else if (idx) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + i), _mm512_cvtepi32_epi8(rr.Code(k, up)));
+        }
+      };
+      PhiloxEmitZmm<decltype(d32), false>(round, 0, x0, x1, x2, x3);
+      PhiloxEmitZmm<decltype(d32), false>(round, 4, y0, y1, y2, y3);
+    }
+    return;
+  }
+#endif
+  RotateForwardImpl(x, elems, n, e, shared, blk, work);
+  kern::thc_quantize(work, n, enc, tb, own, blk, idx, val, prefetch);
+  if (packed4) kern::pack_bits_simd(idx, n, 4, packed4);
 }
 
 // The final stores of the inverse RHT: out[i] = scale2(D v, e) for i < m, or sub[i] - that.
@@ -489,15 +578,7 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
   const InverseStore st = MakeInverseStore(shared, blk, n, m, e, sub, out);
   if (stream && m == n && !sub && n >= 1024) {
     // Stages up to h = n / 16 in place, the last three streamed out.
-    int rest = 0;
-    while ((uint64_t{128} << rest) < n / 8) ++rest;
-    uint64_t h = 128;
-    for (int passes = (rest + 3) / 4, p = 0; p < passes; ++p) {
-      const int r = (rest + (passes - p) - 1) / (passes - p);
-      RadixPassR(r, work, n, h, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
-      rest -= r;
-      h <<= r;
-    }
+    MiddlePasses(work, n);
     StreamLastPass(work, n, st);
     _mm_sfence();  // the streamed lines are ordered before anything this thread stores next
     return;
@@ -552,6 +633,7 @@ HWY_EXPORT(ApplySignsImpl);
 HWY_EXPORT(RotateForwardImpl);
 HWY_EXPORT(RotateInverseImpl);
 HWY_EXPORT(ThcDecodeBlockImpl);
+HWY_EXPORT(ThcEncodeBlockImpl);
 
 void fwht(float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(FwhtImpl)(x, n); }
 
@@ -586,6 +668,19 @@ void kern::rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, 
   signs_postscale_scalar(work, m, e, shared, blk, sub, out);
 }
 
+void kern::thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                            uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                            uint8_t* idx, uint8_t* packed4, int32_t* val, const float* prefetch) {
+  HWY_DYNAMIC_DISPATCH(ThcEncodeBlockImpl)(x, elems, wire, e, shared, blk, enc, tb, own, work, idx, packed4, val,
+                                           prefetch);
+}
+void kern::thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                                   uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                                   uint8_t* idx, uint8_t* packed4, int32_t* val) {
+  rotate_forward_scalar(x, elems, wire, e, shared, blk, work);
+  thc_quantize_scalar(work, wire, enc, tb, own, blk, idx, val);
+  if (packed4) pack_bits_scalar(idx, wire, 4, packed4);
+}
 void kern::thc_decode_block(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half,
                             float step, float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub,
                             float* out, float* work, bool stream) {
