@@ -5,8 +5,11 @@
 //    (a lane permute and a multiply-add by +-1, exact) and h = 16..64 across 8 registers, so a
 //    128-float chunk takes its first 7 stages in one load and one store; every further pass runs
 //    up to 4 stages (radix 16) on 16 registers loaded at stride h. A 2^16 block takes 4 passes.
-//    The codec's kernels fuse their element-wise prologue (prescale and signs) into the first
-//    pass and their epilogue (signs, postscale, residual) into the last (kern::rotate_*).
+//    The codec's kernels fuse their element-wise prologue (prescale and signs; THC decode: the
+//    dequantisation) into the first pass and their epilogue into the last: signs, postscale and
+//    residual (kern::rotate_inverse, kern::thc_decode_block, whose large results leave as
+//    non-temporal stores), or THC's rounding and 4-bit packing (kern::thc_encode_block), which
+//    then needs no store of the rotated block and no second pass over it.
 //  * other targets: stages h = 1 and 2 inside 128-bit vectors with lane shuffles; stages with
 //    4 <= h < 2^12 on L1-sized tiles (2^13 floats), so a tile stays in cache while all its
 //    small stages run; the remaining large stages fused two at a time (radix 4).
