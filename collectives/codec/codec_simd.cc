@@ -6,15 +6,19 @@
 // the RHT (rht.cc: register-tiled FWHT passes with the prescale and signs fused in), and the
 // rounding, whose cost is mostly Philox (one counter per 8 elements: 16-bit draws, philox.h).
 // The rounding kernels generate their draws in registers (philox-inl.h: PhiloxRound16, 64-bit
-// lanes, widened to u32 in element order) and consume them without a trip through memory; THC looks its cell fields up
-// with two-register permutes when g <= 31 (vpermt2d/ps), else gathers them from the Codec's
-// ThcCell array (16-byte records, gather indices 4k + field). Streaming reads of the input carry
-// a software prefetch (kPrefetchFloats).
+// lanes, put in element order by one u16 permute per 16 elements on AVX-512) and consume them
+// without a trip through memory; THC looks its cell fields up with two-register permutes when
+// g <= 31 (vpermt2d/ps), else gathers them from the Codec's ThcCell array (16-byte records,
+// gather indices 4k + field); Cnat works on the input's bits (exponent and mantissa) where the
+// scale allows. The rounding kernels' reads of the input carry a software prefetch
+// (kPrefetchFloats), the prelude's do not.
 
 // GCC 12's AVX-512 intrinsics (permutes, shuffles, conversions) start from _mm512_undefined_*,
-// which trips a false -Wmaybe-uninitialized (GCC bug 105593, fixed in 12.3 / 13).
+// which trips a false -Wmaybe-uninitialized, or -Wuninitialized once inlined into a lambda (GCC
+// bug 105593, fixed in 12.3 / 13).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "collectives/codec/codec_simd.cc"
@@ -30,6 +34,7 @@
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
 #include "collectives/codec/philox-inl.h"
+#include "collectives/codec/thc_round-inl.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -172,15 +177,21 @@ void SignsPostscaleImpl(const float* HWY_RESTRICT work, uint64_t m, int e, const
   }
 }
 
-// Streaming reads of the input run a software prefetch this many floats ahead: on the machines
-// measured, the hardware prefetchers alone leave one core at about half its read bandwidth.
-// Prefetches past the end of an array are harmless (no fault), and mostly hit the next block.
+// The per-vector bodies of the rounding loops are lambdas called 8 times per step of draws;
+// GCC does not always inline them on its own, and a call per 16 elements costs more than the body.
+#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
+#define THC_LAMBDA_INLINE __attribute__((always_inline))
+#else
+#define THC_LAMBDA_INLINE
+#endif
+
+// Reads of the input by the rounding kernels run a software prefetch this many floats ahead,
+// which keeps the hardware prefetchers' stream going across the pauses between blocks. Prefetches
+// past the end of an array are harmless (no fault), and mostly hit the next block. The prelude's
+// plain streaming reads (sum_squares, max_abs) run without: on the 2-core AVX-512 VM the hardware
+// prefetchers alone read 64 MB 7-25 % faster than with software prefetches in the way.
 constexpr size_t kPrefetchFloats = 4096;
 
-// n floats at p towards L2, one prefetch per cache line (prefetches never fault).
-HWY_INLINE void PrefetchL2(const float* p, size_t n) {
-  for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 2);
-}
 
 // Draws of the own stream come straight from Philox in registers, in element order
 // (PhiloxRound16): eight vectors of 16-bit draws j per step. The scalar reference compares
@@ -215,7 +226,7 @@ HWY_INLINE void TailWithDraws(const PhiloxFamily& fam, uint64_t i, uint64_t n, F
   HWY_ALIGN uint32_t draws[8 * kMaxU32];
   for (; i < n; i += 8 * N) {
     PhiloxRound16(du, fam, PhiloxLanePattern(hn::Repartition<uint64_t, DU>()), static_cast<uint32_t>(i / 8),
-                  [&](size_t q, hn::Vec<DU> j) { hn::Store(j, du, draws + q * N); });
+                  [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { hn::Store(j, du, draws + q * N); });
     const uint64_t m = n - i < 8 * N ? n - i : 8 * N;
     for (uint64_t k = 0; k < m; ++k) per_elem(i + k, draws[k]);
   }
@@ -245,50 +256,19 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   };
   uint64_t i = 0;
 #if THC_HAVE_AVX512
-  if (tb.g <= 31 && tb.t >= 1e-20f) {
-    // The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
-    // Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
-    // inv16 = inv_span * 2^16: u < p  <=>  j + 1/2 < (v - lo) * inv16, both sides scaled
-    // exactly by 2^16 (v - lo is 0 or far above the denormal range).
-    HWY_ALIGN float lo_f[32], inv16[32];
-    HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
-    for (int k = 0; k < 32; ++k) {
-      const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
-      lo_f[k] = static_cast<float>(c.lo_val);
-      inv16[k] = c.inv_span * 65536.0f;
-      lo_i[k] = c.lo_val;
-      hi_i[k] = c.hi_val;
-      pair[k] = c.lo_idx | (c.hi_idx << 8);
-    }
-    const __m512 LF0 = _mm512_load_ps(lo_f), LF1 = _mm512_load_ps(lo_f + 16);
-    const __m512 IV0 = _mm512_load_ps(inv16), IV1 = _mm512_load_ps(inv16 + 16);
-    const __m512 half = _mm512_set1_ps(0.5f);
-    const __m512i LI0 = _mm512_load_si512(lo_i), LI1 = _mm512_load_si512(lo_i + 16);
-    const __m512i HI0 = _mm512_load_si512(hi_i), HI1 = _mm512_load_si512(hi_i + 16);
-    const __m512i PR0 = _mm512_load_si512(pair), PR1 = _mm512_load_si512(pair + 16);
-    auto one = [&](uint64_t j, hn::Vec<DU> r) {
-      const auto v = grid(j);
-      const __m512i k = _mm512_cvttps_epi32(v.raw);  // v in [0, g]: truncation = floor
-      const __m512 lo = _mm512_permutex2var_ps(LF0, k, LF1);
-      const __m512 inv = _mm512_permutex2var_ps(IV0, k, IV1);
-      const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v.raw, lo), inv);
-      const __m512 u16 = _mm512_add_ps(_mm512_cvtepi32_ps(r.raw), half);
-      const __mmask16 up = _mm512_cmp_ps_mask(u16, p16, _CMP_LT_OQ);
-      if (val) {
-        const __m512i q = _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(LI0, k, LI1),
-                                                  _mm512_permutex2var_epi32(HI0, k, HI1));
-        _mm512_storeu_si512(val + j, q);
-      }
-      if (idx) {
-        const __m512i pr = _mm512_permutex2var_epi32(PR0, k, PR1);
-        const __m512i code = _mm512_mask_srli_epi32(pr, up, pr, 8);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + j), _mm512_cvtepi32_epi8(code));
-      }
+  if (ThcRegRound::Usable(tb)) {
+    const ThcRegRound rr(tb, enc);
+    auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
+      __m512i k;
+      __mmask16 up;
+      rr.Round(_mm512_loadu_ps(work + j), r.raw, &k, &up);
+      if (val) _mm512_storeu_si512(val + j, rr.Value(k, up));
+      if (idx) _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + j), _mm512_cvtepi32_epi8(rr.Code(k, up)));
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
       for (; i + step <= n; i += step) {
         if (prefetch) PrefetchL2(prefetch + i, step);
-        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
       }
     }
   }
@@ -300,7 +280,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     const auto* base_f = reinterpret_cast<const float*>(tb.cells);
     const auto o1 = hn::Set(di, 1), o2 = hn::Set(di, 2), o3 = hn::Set(di, 3);
     const auto s16 = hn::Set(d, 65536.0f), halff = hn::Set(d, 0.5f);
-    auto one = [&](uint64_t j, hn::Vec<DU> r) {
+    auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
       const auto v = grid(j);
       const auto k = hn::Max(hn::Min(hn::ConvertTo(di, v), gm1), zi);  // Max: NaN-safe
       const auto k4 = hn::ShiftLeft<2>(k);
@@ -320,7 +300,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     };
     for (; i + step <= n; i += step) {
       if (prefetch) PrefetchL2(prefetch + i, step);
-      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
     }
   }
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
@@ -355,7 +335,7 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   // (+1 when going up).
   // x * 1 is x for every float but NaN, which never gets here: Cnat (enc = 1) skips the product.
   const bool scale_enc = enc != 1.0f;
-  auto one = [&](uint64_t j, hn::Vec<DU> rd) {
+  auto one = [&](uint64_t j, hn::Vec<DU> rd) THC_LAMBDA_INLINE {
     if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
     const auto a = hn::LoadU(d, x + j);
     auto r = hn::Mul(hn::Mul(hn::Abs(a), v1), v2);
@@ -389,8 +369,49 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     if (idx) StoreCodes(hn::Or(hn::IfThenElseZero(s, sgn), level), idx + j);
   };
   uint64_t i = 0;
+#if THC_HAVE_AVX512
+  if (sizeof(hn::Vec<DF>{}.raw) == 64 && enc == 1.0f && e >= -127 && e <= 95) {
+    // Cnat (no factor besides 2^e) on the input's bits: for r = |x| 2^e >= 1, i.e. |x| >= 2^-e
+    // (a normal x for e <= 126, so r is exact and keeps x's mantissa), the level is
+    // exponent(x) + e - 126 (+1 when going up: (2 j + 1) 2^6 < mant, i.e.
+    // j 2^16 + 2^15 < mant 2^9), at most L: the clamp r -> 2^(L-1) gives exactly L, and so do
+    // larger exponents and +inf. Below 1: up iff (j + 1/2) 2^16 < r 2^32 = |x| 2^(e+32), one
+    // product (it differs from scale2's two only for r far below 2^-17, where both are false).
+    // NaN: level 0 (not counted as r >= 1; its float compare is false). With the draws j << 16
+    // (PhiloxRound16<true>) the two tests share j 2^16 + 2^15.
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), half16 = _mm512_set1_epi32(0x8000);
+    const __m512i c = _mm512_set1_epi32(e - 126), lv = _mm512_set1_epi32(levels), one1 = _mm512_set1_epi32(1);
+    const __m512i inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i t1 = _mm512_set1_epi32(static_cast<int>(elem::float_bits(elem::pow2f(-e))));
+    const __m512 s32 = _mm512_set1_ps(elem::pow2f(e + 32));
+    auto one_bits = [&](uint64_t j, hn::Vec<DU> rd) THC_LAMBDA_INLINE {
+      hwy::Prefetch(x + j + kPrefetchFloats);
+      const __m512i bx = _mm512_loadu_si512(x + j);
+      const __m512i ax = _mm512_and_si512(bx, absm);
+      const __m512i jx = _mm512_or_si512(rd.raw, half16);
+      const __mmask16 up = _mm512_cmplt_epu32_mask(jx, _mm512_slli_epi32(bx, 9));
+      __m512i lvl = _mm512_add_epi32(_mm512_srli_epi32(ax, 23), c);
+      lvl = _mm512_min_epi32(_mm512_mask_add_epi32(lvl, up, lvl, one1), lv);
+      const __mmask16 big = _mm512_mask_cmpge_epu32_mask(_mm512_cmple_epu32_mask(ax, inf), ax, t1);
+      const __mmask16 ups =
+          _mm512_cmp_ps_mask(_mm512_cvtepu32_ps(jx), _mm512_mul_ps(_mm512_castsi512_ps(ax), s32), _CMP_LT_OQ);
+      const __m512i level = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(big, lvl), _kandn_mask16(big, ups), one1);
+      // The sign bit stands for a < 0: they differ only at -0 and NaN, whose level is 0.
+      const __mmask16 sm = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(bx), level, level);
+      if (val) {
+        // +-2^(level-1), 0 for level 0 (a shift count of 32 gives 0).
+        const __m512i mag = _mm512_sllv_epi32(one1, _mm512_mask_sub_epi32(_mm512_set1_epi32(32), _mm512_test_epi32_mask(level, level), level, one1));
+        _mm512_storeu_si512(val + j, _mm512_mask_sub_epi32(mag, sm, _mm512_setzero_si512(), mag));
+      }
+      if (idx) StoreCodes(hn::Vec<DI>{_mm512_mask_or_epi32(level, sm, level, sgn.raw)}, idx + j);
+    };
+    for (; i + step <= n; i += step)
+      PhiloxRound16<true>(du, fam, pat, static_cast<uint32_t>(i / 8),
+                          [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one_bits(i + q * N, j); });
+  }
+#endif
   for (; i + step <= n; i += step)
-    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) { one(i + q * N, j); });
+    PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
     const float a = x[j];
     const float rr = elem::scale2(std::fabs(a), e) * enc;
@@ -533,7 +554,6 @@ double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) {
     return hn::Mul(v, v);
   };
   for (uint64_t i = 0; i < n16; i += 16) {
-    hwy::Prefetch(x + i + kPrefetchFloats);
     a0 = hn::Add(a0, sq(x + i));
     a1 = hn::Add(a1, sq(x + i + Nd));
     if (K > 2) {
@@ -578,7 +598,6 @@ float MaxAbsImpl(const float* HWY_RESTRICT x, uint64_t n, bool* bad) {
   auto m0 = hn::Zero(du), m1 = hn::Zero(du), m2 = hn::Zero(du), m3 = hn::Zero(du);
   uint64_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    for (size_t b = 0; b < 4 * N; b += 16) hwy::Prefetch(xu + i + b + kPrefetchFloats);
     m0 = hn::Max(m0, hn::And(hn::LoadU(du, xu + i), absm));
     m1 = hn::Max(m1, hn::And(hn::LoadU(du, xu + i + N), absm));
     m2 = hn::Max(m2, hn::And(hn::LoadU(du, xu + i + 2 * N), absm));

@@ -55,6 +55,28 @@ void rotate_inverse(float* work, uint64_t wire, uint64_t m, int e, const rng::St
 void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const rng::Stream& shared,
                            uint64_t blk, const float* sub, float* out);
 
+// THC encode of one block, fused: rotate_forward(x, elems, wire, e, shared, blk, work) then
+// thc_quantize(work, wire, enc, tb, own, blk, idx, val, prefetch); with packed4 the codes (b = 4)
+// go there packed (elem.h's bit order, wire / 2 bytes) and idx, which must then be given, is only
+// scratch. idx and val may be null. work is clobbered.
+void thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared, uint64_t blk,
+                      float enc, const ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
+                      uint8_t* packed4, int32_t* val, const float* prefetch);
+void thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                             uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                             uint8_t* idx, uint8_t* packed4, int32_t* val);
+
+// THC decode of one block, fused: thc_dequant(t, sums, off, wire, half, step, f, work) then
+// rotate_inverse(work, wire, m, e, ...) into out (the dequantisation runs inside the first FWHT
+// pass). stream: the caller will not read out soon (a call larger than the last-level cache):
+// whole 64-byte lines of out may be written with non-temporal stores. work is clobbered.
+void thc_decode_block(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half, float step,
+                      float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub, float* out, float* work,
+                      bool stream);
+void thc_decode_block_scalar(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half,
+                             float step, float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub,
+                             float* out, float* work);
+
 // THC stochastic rounding of n rotated values: y = work[i] * enc, v = thc_grid(y),
 // thc_round(v, u_i) with u_i the own-stream rounding uniform of element i of block blk
 // (philox.h: rng::round_unit of the 16 bits rng::round_bits of group i / 8).

@@ -5,8 +5,11 @@
 //    (a lane permute and a multiply-add by +-1, exact) and h = 16..64 across 8 registers, so a
 //    128-float chunk takes its first 7 stages in one load and one store; every further pass runs
 //    up to 4 stages (radix 16) on 16 registers loaded at stride h. A 2^16 block takes 4 passes.
-//    The codec's kernels fuse their element-wise prologue (prescale and signs) into the first
-//    pass and their epilogue (signs, postscale, residual) into the last (kern::rotate_*).
+//    The codec's kernels fuse their element-wise prologue (prescale and signs; THC decode: the
+//    dequantisation) into the first pass and their epilogue into the last: signs, postscale and
+//    residual (kern::rotate_inverse, kern::thc_decode_block, whose large results leave as
+//    non-temporal stores), or THC's rounding and 4-bit packing (kern::thc_encode_block), which
+//    then needs no store of the rotated block and no second pass over it.
 //  * other targets: stages h = 1 and 2 inside 128-bit vectors with lane shuffles; stages with
 //    4 <= h < 2^12 on L1-sized tiles (2^13 floats), so a tile stays in cache while all its
 //    small stages run; the remaining large stages fused two at a time (radix 4).
@@ -24,11 +27,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
 #include "collectives/codec/philox-inl.h"
+#include "collectives/codec/thc_round-inl.h"
 #include "hwy/cache_control.h"
 
 #if HWY_ARCH_X86
@@ -80,6 +85,16 @@ void RotateForwardImpl(const float* x, uint64_t elems, uint64_t n, int e, const 
 void RotateInverseImpl(float* work, uint64_t n, uint64_t m, int e, const rng::Stream& shared, uint64_t blk,
                        const float* sub, float* out) {
   kern::rotate_inverse_scalar(work, n, m, e, shared, blk, sub, out);
+}
+void ThcDecodeBlockImpl(IntType t, const void* sums, uint64_t off, uint64_t n, uint64_t m, float half, float step,
+                        float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub, float* out,
+                        float* work, bool) {
+  kern::thc_decode_block_scalar(t, sums, off, n, m, half, step, f, e, shared, blk, sub, out, work);
+}
+void ThcEncodeBlockImpl(const float* x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk,
+                        float enc, const kern::ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
+                        uint8_t* packed4, int32_t* val, const float*) {
+  kern::thc_encode_block_scalar(x, elems, n, e, shared, blk, enc, tb, own, work, idx, packed4, val);
 }
 #else
 constexpr uint64_t kTile = uint64_t{1} << 13;
@@ -278,6 +293,9 @@ HWY_INLINE const uint32_t* SignBitmap(const rng::Stream& shared, uint64_t blk, u
   return words.data();
 }
 
+// Loads of the first pass are lambdas called 8 times per chunk; they must not become calls.
+#define THC_RHT_LAMBDA_INLINE __attribute__((always_inline))
+
 // Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
 HWY_INLINE __m512 RoundedPs(__m512 v) {
   asm("" : "+v"(v));
@@ -298,28 +316,67 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
   FwhtGeneric(x, n);
 }
 
-// work = H D scale2(x, e) (zero-padded from elems to n): prescale_signs + fwht.
-void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
-                       uint64_t blk, float* HWY_RESTRICT work) {
 #if THC_FWHT_AVX512
-  if (n >= 128) {
-    const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
-    const int h = e / 2;
-    const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
-    const __m512 sign = _mm512_set1_ps(-0.0f);
-    FirstPass(work, n, [&](uint64_t i) {
+// The first pass of the forward RHT (n >= 128): work = stages h = 1..64 of D scale2(x, e),
+// zero-padded from elems to n.
+HWY_INLINE void ForwardFirstPass(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e,
+                                 const rng::Stream& shared, uint64_t blk, float* HWY_RESTRICT work) {
+  const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
+  const int h = e / 2;
+  const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  auto flip = [&](uint64_t i, __m512 v) THC_RHT_LAMBDA_INLINE {
+    return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
+  };
+  if (elems == n && e >= -1 && e <= 126) {
+    // A whole block scaled by 2^e with e in [-1, 126]: one product, the same as scale2's two.
+    // Up (e >= 0) both are exact or overflow alike; e = -1 is a single product in scale2 too.
+    const __m512 p = _mm512_set1_ps(elem::pow2f(e));
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+      hwy::Prefetch(x + i + 4096);
+      return flip(i, _mm512_mul_ps(_mm512_loadu_ps(x + i), p));
+    });
+  } else if (elems == n) {
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+      hwy::Prefetch(x + i + 4096);
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), p1), p2));
+    });
+  } else {
+    FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
       __m512 v;
       if (i + 16 <= elems) {
-        hwy::Prefetch(x + i + 4096);
         v = _mm512_loadu_ps(x + i);
       } else if (i < elems) {
         v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (elems - i)) - 1u), x + i);
       } else {
         v = _mm512_setzero_ps();
       }
-      v = _mm512_mul_ps(_mm512_mul_ps(v, p1), p2);  // scale2, then the sign flip (exact)
-      return _mm512_mask_xor_ps(v, masks[i >> 4], v, sign);
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(v, p1), p2));  // scale2, then the sign flip (exact)
     });
+  }
+}
+
+// The passes between the first and a last pass of three stages (n >= 1024): stages h = 128 ..
+// n / 16, in place.
+HWY_INLINE void MiddlePasses(float* HWY_RESTRICT work, uint64_t n) {
+  int rest = 0;
+  while ((uint64_t{128} << rest) < n / 8) ++rest;
+  uint64_t h = 128;
+  for (int passes = (rest + 3) / 4, p = 0; p < passes; ++p) {
+    const int r = (rest + (passes - p) - 1) / (passes - p);
+    RadixPassR(r, work, n, h, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
+    rest -= r;
+    h <<= r;
+  }
+}
+#endif
+
+// work = H D scale2(x, e) (zero-padded from elems to n): prescale_signs + fwht.
+void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
+                       uint64_t blk, float* HWY_RESTRICT work) {
+#if THC_FWHT_AVX512
+  if (n >= 128) {
+    ForwardFirstPass(x, elems, n, e, shared, blk, work);
     LaterPasses(work, n, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
     return;
   }
@@ -328,34 +385,242 @@ void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, 
   FwhtImpl(work, n);
 }
 
+// THC encode of one block: rotate_forward, then thc_quantize, and for packed4 the codes packed
+// as 4-bit (idx then only scratch). On AVX-512 with the cell table in registers the rounding
+// runs inside the RHT's last pass (three stages, rows h0 = n / 8 apart): each step's 8 vectors
+// of 16 rotated values are rounded as they leave the butterflies, with the draws of their 16
+// groups from one pair of Philox counter vectors (counter lane q of vector c: row 4c + q / 2,
+// group q % 2 of its two), instead of a store and a second pass that reads them back.
+void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
+                        uint64_t blk, float enc, const kern::ThcTables& tb, const rng::Stream& own,
+                        float* HWY_RESTRICT work, uint8_t* HWY_RESTRICT idx, uint8_t* HWY_RESTRICT packed4,
+                        int32_t* HWY_RESTRICT val, const float* prefetch) {
+#if THC_FWHT_AVX512
+  if (n >= 1024 && ThcRegRound::Usable(tb)) {
+    ForwardFirstPass(x, elems, n, e, shared, blk, work);
+    MiddlePasses(work, n);
+    const ThcRegRound rr(tb, enc);
+    const uint64_t h0 = n / 8;
+    const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
+    const hn::ScalableTag<uint32_t> d32;
+    const hn::Repartition<uint64_t, decltype(d32)> d64;
+    using V = hn::Vec<decltype(d64)>;
+    // c0 of counter lane q: (row 4c + q / 2) h0 / 8 + q % 2, plus the step's j / 8; times M0.
+    const V io = hn::Iota(d64, 0);
+    const V base = hn::Add(hn::Mul(hn::ShiftRight<1>(io), hn::Set(d64, h0 / 8)), hn::And(io, hn::Set(d64, 1)));
+    const V m0 = hn::Set(d64, kPhiloxM0);
+    const V patm0 = MulLo32(d64, base, m0);
+    const V patm1 = MulLo32(d64, hn::Add(base, hn::Set(d64, 4 * (h0 / 8))), m0);
+    for (uint64_t j = 0; j < h0; j += 16) {
+      if (prefetch) PrefetchL2(prefetch + 8 * j, 128);
+      __m512 v[8];
+      HWY_UNROLL(8)
+      for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(work + j + r * h0);
+      CrossStages<3>(v);
+      const V gm = hn::Set(d64, (j / 8) * uint64_t{kPhiloxM0});
+      V x0, x1, x2, x3, y0, y1, y2, y3;
+      Philox10Q2(d64, fam, hn::Add(patm0, gm), hn::Add(patm1, gm), &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
+      auto round = [&](size_t r, hn::Vec<decltype(d32)> draws) THC_RHT_LAMBDA_INLINE {
+        const uint64_t i = j + r * h0;
+        __m512i k;
+        __mmask16 up;
+        rr.Round(v[r], draws.raw, &k, &up);
+        if (val) _mm512_storeu_si512(val + i, rr.Value(k, up));
+        if (packed4) {
+          StorePacked4(rr.Code(k, up), packed4 + i / 2);
+        } else if (idx) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + i), _mm512_cvtepi32_epi8(rr.Code(k, up)));
+        }
+      };
+      PhiloxEmitZmm<decltype(d32), false>(round, 0, x0, x1, x2, x3);
+      PhiloxEmitZmm<decltype(d32), false>(round, 4, y0, y1, y2, y3);
+    }
+    return;
+  }
+#endif
+  RotateForwardImpl(x, elems, n, e, shared, blk, work);
+  kern::thc_quantize(work, n, enc, tb, own, blk, idx, val, prefetch);
+  if (packed4) kern::pack_bits_simd(idx, n, 4, packed4);
+}
+
+// The final stores of the inverse RHT: out[i] = scale2(D v, e) for i < m, or sub[i] - that.
+#if THC_FWHT_AVX512
+struct InverseStore {
+  const uint16_t* masks;
+  __m512 p1, p2, sign;
+  uint64_t m;
+  const float* sub;
+  float* out;
+  // D v scaled by 2^e: the sign flip (exact), then scale2's two products.
+  HWY_INLINE __m512 Final(uint64_t i, __m512 v) const {
+    v = _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
+    return RoundedPs(_mm512_mul_ps(_mm512_mul_ps(v, p1), p2));
+  }
+  HWY_INLINE void operator()(uint64_t i, __m512 v) const {
+    if (i >= m) return;
+    v = Final(i, v);
+    if (i + 16 <= m) {
+      if (sub) v = _mm512_sub_ps(_mm512_loadu_ps(sub + i), v);
+      _mm512_storeu_ps(out + i, v);
+    } else {
+      const __mmask16 k = static_cast<__mmask16>((1u << (m - i)) - 1u);
+      if (sub) v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, sub + i), v);
+      _mm512_mask_storeu_ps(out + i, k, v);
+    }
+  }
+};
+
+HWY_INLINE InverseStore MakeInverseStore(const rng::Stream& shared, uint64_t blk, uint64_t n, uint64_t m, int e,
+                                         const float* sub, float* out) {
+  const int h = e / 2;
+  return InverseStore{reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n)),
+                      _mm512_set1_ps(elem::pow2f(h)),
+                      _mm512_set1_ps(elem::pow2f(e - h)),
+                      _mm512_set1_ps(-0.0f),
+                      m,
+                      sub,
+                      out};
+}
+
+// The last three stages (h0 = n / 8 .. n / 2) of a whole block whose result goes to out with
+// non-temporal stores of whole 64-byte lines, whatever out's alignment: each of the 8 rows of
+// the pass writes h0 consecutive floats, 16 per step, and the line that a step completes is
+// joined from the previous step's vector and this one's (one two-source permute); the partial
+// lines at the two ends of a row take masked ordinary stores (their other floats belong to the
+// neighbouring rows).
+HWY_INLINE void StreamLastPass(float* HWY_RESTRICT x, uint64_t n, const InverseStore& st) {
+  const uint64_t h0 = n / 8;
+  float* const out = st.out;
+  const uint64_t d = (reinterpret_cast<uintptr_t>(out) / sizeof(float)) % 16;  // floats past a line start
+  if (d == 0) {
+    for (uint64_t j = 0; j < h0; j += 16) {
+      __m512 v[8];
+      HWY_UNROLL(8)
+      for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(x + j + r * h0);
+      CrossStages<3>(v);
+      HWY_UNROLL(8)
+      for (int r = 0; r < 8; ++r) _mm512_stream_ps(out + j + r * h0, st.Final(j + r * h0, v[r]));
+    }
+    return;
+  }
+  // Line lanes 0..d-1 are the previous vector's lanes 16-d..15, lanes d..15 this one's 0..15-d.
+  // The line where row r - 1 ends and row r starts joins row r - 1's last vector with row r's
+  // first, kept until then; only the block's first and last lines are partial (ordinary masked
+  // stores: few, as each waits for its line from memory).
+  const __m512i join = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(static_cast<int>(16 - d)));
+  const __mmask16 head = static_cast<__mmask16>((1u << (16 - d)) - 1u);  // lanes of the first partial line
+  __m512 prev[8], first[8];
+  for (uint64_t j = 0; j < h0; j += 16) {
+    __m512 v[8];
+    HWY_UNROLL(8)
+    for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(x + j + r * h0);
+    CrossStages<3>(v);
+    HWY_UNROLL(8)
+    for (int r = 0; r < 8; ++r) {
+      const uint64_t i = j + r * h0;
+      const __m512 w = st.Final(i, v[r]);
+      if (j == 0) {
+        first[r] = w;
+      } else {
+        _mm512_stream_ps(out + i - d, _mm512_permutex2var_ps(prev[r], join, w));
+      }
+      prev[r] = w;
+    }
+  }
+  _mm512_mask_storeu_ps(out, head, first[0]);
+  HWY_UNROLL(7)
+  for (int r = 1; r < 8; ++r) _mm512_stream_ps(out + r * h0 - d, _mm512_permutex2var_ps(prev[r - 1], join, first[r]));
+  _mm512_mask_storeu_ps(out + n - 16, static_cast<__mmask16>(~head), prev[7]);
+}
+#endif
+
 // out[i] = scale2(D (H work)[i], e) for i < m, or sub[i] - that: fwht + signs_postscale.
 void RotateInverseImpl(float* HWY_RESTRICT work, uint64_t n, uint64_t m, int e, const rng::Stream& shared,
                        uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out) {
 #if THC_FWHT_AVX512
   if (n >= 256) {
-    const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
-    const int h = e / 2;
-    const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
-    const __m512 sign = _mm512_set1_ps(-0.0f);
     FirstPass(work, n, [work](uint64_t i) { return _mm512_loadu_ps(work + i); });
-    LaterPasses(work, n, [&](uint64_t i, __m512 v) {
-      if (i >= m) return;
-      v = _mm512_mask_xor_ps(v, masks[i >> 4], v, sign);
-      v = RoundedPs(_mm512_mul_ps(_mm512_mul_ps(v, p1), p2));
-      if (i + 16 <= m) {
-        if (sub) v = _mm512_sub_ps(_mm512_loadu_ps(sub + i), v);
-        _mm512_storeu_ps(out + i, v);
-      } else {
-        const __mmask16 k = static_cast<__mmask16>((1u << (m - i)) - 1u);
-        if (sub) v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, sub + i), v);
-        _mm512_mask_storeu_ps(out + i, k, v);
-      }
-    });
+    LaterPasses(work, n, MakeInverseStore(shared, blk, n, m, e, sub, out));
     return;
   }
 #endif
   FwhtImpl(work, n);
   kern::signs_postscale(work, m, e, shared, blk, sub, out);
+}
+
+#if THC_FWHT_AVX512
+// 16 sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
+template <typename T>
+HWY_INLINE __m512 SumsAsFloat(const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same<T, uint8_t>::value) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else if constexpr (std::is_same<T, int8_t>::value) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else if constexpr (std::is_same<T, uint16_t>::value) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  } else if constexpr (std::is_same<T, int16_t>::value) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  } else if constexpr (std::is_same<T, int32_t>::value) {
+    return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+  } else {
+    return _mm512_cvtepu32_ps(_mm512_loadu_si512(p));  // correctly rounded, as static_cast
+  }
+}
+
+template <typename T>
+void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half, float step, float f, int e,
+                     const rng::Stream& shared, uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out,
+                     float* HWY_RESTRICT work, bool stream) {
+  const __m512 vh = _mm512_set1_ps(half), vs = _mm512_set1_ps(step), vf = _mm512_set1_ps(f);
+  // thc_dequant in the first pass's loads: (float(s) - half) * step * f, no product followed by
+  // an add, so nothing for the compiler to contract.
+  FirstPass(work, n, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(SumsAsFloat(s + i), vh), vs), vf);
+  });
+  const InverseStore st = MakeInverseStore(shared, blk, n, m, e, sub, out);
+  if (stream && m == n && !sub && n >= 1024) {
+    // Stages up to h = n / 16 in place, the last three streamed out.
+    MiddlePasses(work, n);
+    StreamLastPass(work, n, st);
+    _mm_sfence();  // the streamed lines are ordered before anything this thread stores next
+    return;
+  }
+  LaterPasses(work, n, st);
+}
+#endif
+
+// thc_dequant of n sums then rotate_inverse into out[0..m) (THC decode, and the residual).
+void ThcDecodeBlockImpl(IntType t, const void* sums, uint64_t off, uint64_t n, uint64_t m, float half, float step,
+                        float f, int e, const rng::Stream& shared, uint64_t blk, const float* HWY_RESTRICT sub,
+                        float* HWY_RESTRICT out, float* HWY_RESTRICT work, bool stream) {
+#if THC_FWHT_AVX512
+  if (n >= 256) {
+    switch (t) {
+      case IntType::kU8:
+        return ThcDecodeBlockT(static_cast<const uint8_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+      case IntType::kU16:
+        return ThcDecodeBlockT(static_cast<const uint16_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+      case IntType::kU32:
+        return ThcDecodeBlockT(static_cast<const uint32_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+      case IntType::kI8:
+        return ThcDecodeBlockT(static_cast<const int8_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+      case IntType::kI16:
+        return ThcDecodeBlockT(static_cast<const int16_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+      case IntType::kI32:
+        return ThcDecodeBlockT(static_cast<const int32_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
+                               work, stream);
+    }
+  }
+#endif
+  (void)stream;
+  kern::thc_dequant(t, sums, off, n, half, step, f, work);
+  RotateInverseImpl(work, n, m, e, shared, blk, sub, out);
 }
 #endif
 
@@ -370,6 +635,8 @@ HWY_EXPORT(TargetNameImpl);
 HWY_EXPORT(ApplySignsImpl);
 HWY_EXPORT(RotateForwardImpl);
 HWY_EXPORT(RotateInverseImpl);
+HWY_EXPORT(ThcDecodeBlockImpl);
+HWY_EXPORT(ThcEncodeBlockImpl);
 
 void fwht(float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(FwhtImpl)(x, n); }
 
@@ -402,6 +669,31 @@ void kern::rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, 
                                  uint64_t blk, const float* sub, float* out) {
   fwht_scalar(work, wire);
   signs_postscale_scalar(work, m, e, shared, blk, sub, out);
+}
+
+void kern::thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                            uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                            uint8_t* idx, uint8_t* packed4, int32_t* val, const float* prefetch) {
+  HWY_DYNAMIC_DISPATCH(ThcEncodeBlockImpl)(x, elems, wire, e, shared, blk, enc, tb, own, work, idx, packed4, val,
+                                           prefetch);
+}
+void kern::thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
+                                   uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
+                                   uint8_t* idx, uint8_t* packed4, int32_t* val) {
+  rotate_forward_scalar(x, elems, wire, e, shared, blk, work);
+  thc_quantize_scalar(work, wire, enc, tb, own, blk, idx, val);
+  if (packed4) pack_bits_scalar(idx, wire, 4, packed4);
+}
+void kern::thc_decode_block(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half,
+                            float step, float f, int e, const rng::Stream& shared, uint64_t blk, const float* sub,
+                            float* out, float* work, bool stream) {
+  HWY_DYNAMIC_DISPATCH(ThcDecodeBlockImpl)(t, sums, off, wire, m, half, step, f, e, shared, blk, sub, out, work, stream);
+}
+void kern::thc_decode_block_scalar(IntType t, const void* sums, uint64_t off, uint64_t wire, uint64_t m, float half,
+                                   float step, float f, int e, const rng::Stream& shared, uint64_t blk,
+                                   const float* sub, float* out, float* work) {
+  thc_dequant_scalar(t, sums, off, wire, half, step, f, work);
+  rotate_inverse_scalar(work, wire, m, e, shared, blk, sub, out);
 }
 
 void apply_signs(float* x, uint64_t n, const rng::Stream& shared, uint64_t block) {

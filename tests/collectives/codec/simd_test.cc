@@ -592,7 +592,7 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
   for (float v : {0.0f, -0.0f, 1e-45f, -1e-45f, 1e-38f, 3.4e38f, -3.4e38f}) x.push_back(v);
   for_each_target([&] {
     for (int levels : {1, 2, 7, 15, 31}) {
-      for (int e : {-40, -3, 0, 5, 100}) {
+      for (int e : {-127, -40, -3, 0, 5, 95, 96, 100}) {
         for (uint64_t n : {x.size(), x.size() - 3, uint64_t{5}}) {
           for (float enc : {0.75f, 1.0f}) {  // 1: Cnat, whose kernel skips the product
             const int bits = 6;
@@ -670,6 +670,101 @@ TEST(SimdKernels, RotateMatchesScalarComposition) {
             ASSERT_TRUE(same_bits(oa.data(), ob.data(), wire * 4))
                 << "inverse 2^" << lg << " m " << elems << " e " << e << (sb ? " sub" : "") << ": "
                 << first_diff(oa, ob);
+          }
+        }
+      }
+    }
+  });
+}
+
+// The fused THC encode of a block (rounding inside the RHT's last pass when the cell table fits
+// registers, g <= 31; the gather path and small blocks compose the kernels), in every output form,
+// against the scalar composition rotate_forward + thc_quantize (+ pack_bits).
+TEST(SimdKernels, EncodeBlockMatchesScalar) {
+  for_each_target([&] {
+    for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3)}) {
+      const Codec c(thc(bg.first, bg.second), 4);
+      kern::ThcTables tb;
+      tb.cells = c.cells().data();
+      tb.g = c.granularity();
+      tb.t = static_cast<float>(c.t_p());
+      tb.gf = static_cast<float>(c.granularity());
+      tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+      for (int lg : {8, 10, 14, 15}) {
+        const uint64_t wire = uint64_t{1} << lg;
+        auto x = make_input(lg % 2 ? Input::kMixed : Input::kGauss, wire, 3);
+        x[7] = std::numeric_limits<float>::quiet_NaN();  // a straggler's NaN rounds as 0
+        const rng::Stream shared{7, rng::kSharedStream, 5}, own{7, 2, 5};
+        for (uint64_t elems : {wire, wire - 5}) {
+          for (int e : {0, -3}) {
+            SCOPED_TRACE("b " + std::to_string(bg.first) + " g " + std::to_string(bg.second) + " 2^" +
+                         std::to_string(lg) + " elems " + std::to_string(elems) + " e " + std::to_string(e));
+            const float enc = 0.0137f;
+            std::vector<float> wa(wire), wb(wire);
+            std::vector<uint8_t> ia(wire, 1), ib(wire, 2);
+            std::vector<int32_t> va(wire, 3), vb(wire, 4);
+            kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), ia.data(), nullptr,
+                                   va.data(), x.data());
+            kern::thc_encode_block_scalar(x.data(), elems, wire, e, shared, 11, enc, tb, own, wb.data(), ib.data(),
+                                          nullptr, vb.data());
+            ASSERT_EQ(ia, ib);
+            ASSERT_EQ(va, vb);
+            std::vector<uint8_t> ic(wire, 5);
+            kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), ic.data(), nullptr,
+                                   nullptr, nullptr);
+            ASSERT_EQ(ic, ib);
+            if (bg.first == 4) {
+              std::vector<uint8_t> pa(wire / 2 + 8, 0xAB), pb(wire / 2 + 8, 0xAB), scratch(wire);
+              kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), scratch.data(),
+                                     pa.data(), nullptr, nullptr);
+              kern::pack_bits_scalar(ib.data(), wire, 4, pb.data());
+              ASSERT_EQ(pa, pb);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// The fused THC decode of a block (dequantisation in the first FWHT pass, inverse signs and
+// scale in the last), also with the non-temporal last pass of large calls, which joins lines from
+// two vectors when out is not 64-byte aligned: every misalignment, every sum type, whole and
+// partial blocks, with and without a residual; nothing outside out[0..m) is written.
+TEST(SimdKernels, DecodeBlockMatchesScalar) {
+  std::mt19937 gen(12);
+  for_each_target([&] {
+    for (int lg : {8, 10, 11, 14, 15, 16}) {
+      const uint64_t wire = uint64_t{1} << lg;
+      const rng::Stream shared{7, rng::kSharedStream, 5};
+      const auto sub = make_input(Input::kGauss, wire, 8);
+      for (IntType t : {IntType::kU8, IntType::kU16, IntType::kU32, IntType::kI8, IntType::kI16, IntType::kI32}) {
+        const size_t ws = int_size(t);
+        std::vector<uint8_t> sums((wire + 3) * ws);
+        for (auto& b : sums) b = static_cast<uint8_t>(gen());
+        for (uint64_t m : {wire, wire - 5}) {
+          for (bool stream : {false, true}) {
+            for (const float* sb : {static_cast<const float*>(nullptr), sub.data()}) {
+              for (uint64_t mis : {0, 1, 4, 9, 15}) {
+                if (!stream && mis != 1) continue;
+                if (lg != 14 && t != IntType::kU8 && mis > 1) continue;  // keep the grid small
+                SCOPED_TRACE("2^" + std::to_string(lg) + " " + int_name(t) + " m " + std::to_string(m) +
+                             (stream ? " stream" : "") + (sb ? " sub" : "") + " out +" + std::to_string(mis));
+                // out at `mis` floats past a 64-byte boundary, guards around it.
+                std::vector<float> wa(wire), wb(wire), oa(wire + 64, 7.0f), ob(wire + 64, 7.0f);
+                auto at = [mis](std::vector<float>& v) {  // 16 guard floats, then `mis` past a line start
+                  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+                  return v.data() + ((64 - p % 64) % 64) / 4 + 16 + mis;
+                };
+                const int e = lg % 2 ? -3 : 0;
+                kern::thc_decode_block(t, sums.data(), 3, wire, m, 40.0f, 0.1436f, 0.37f, e, shared, 21, sb, at(oa),
+                                       wa.data(), stream);
+                kern::thc_decode_block_scalar(t, sums.data(), 3, wire, m, 40.0f, 0.1436f, 0.37f, e, shared, 21, sb,
+                                              at(ob), wb.data());
+                const std::vector<float> ra(at(oa) - 16, at(oa) + wire + 16), rb(at(ob) - 16, at(ob) + wire + 16);
+                ASSERT_TRUE(same_bits(ra.data(), rb.data(), ra.size() * 4)) << first_diff(ra, rb);
+              }
+            }
           }
         }
       }

@@ -1,0 +1,114 @@
+// THC stochastic rounding of 16 rotated values in AVX-512 registers, with the cell table in
+// registers (g <= 31): shared by the rounding kernel (codec_simd.cc) and the fused encode
+// (rht.cc: the rounding inside the RHT's last pass). Bit-identical to elem::thc_grid and
+// elem::thc_round with the 16-bit draws of philox.h.
+//
+// Private to collectives/codec; included by files that use hwy/foreach_target.h (per-target
+// include guard, as Highway's own -inl.h headers).
+#if defined(THC_CODEC_THC_ROUND_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef THC_CODEC_THC_ROUND_INL_H_
+#undef THC_CODEC_THC_ROUND_INL_H_
+#else
+#define THC_CODEC_THC_ROUND_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/codec/codec_simd.h"
+#include "collectives/codec/elem.h"
+#include "hwy/highway.h"
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace thc::codec::HWY_NAMESPACE {
+
+// n floats at p towards L2, one prefetch per cache line (prefetches never fault).
+HWY_INLINE void PrefetchL2(const float* p, size_t n) {
+  for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 2);
+}
+
+#if HWY_TARGET <= HWY_AVX3
+
+// The cell table fits two zmm registers per field: lookups are vpermt2d/ps, not gathers.
+// Entries g..31 repeat cell g - 1, which covers k = g (v == g) as thc_round's clamp does.
+// inv16 = inv_span * 2^16: u < p  <=>  j + 1/2 < (v - lo) * inv16, both sides scaled exactly by
+// 2^16 (v - lo is 0 or far above the denormal range).
+struct ThcRegRound {
+  __m512 lf0, lf1, iv0, iv1, half, t, negt, g2t, enc;
+  __m512i li0, li1, hi0, hi1, pr0, pr1;
+
+  static bool Usable(const kern::ThcTables& tb) { return tb.g <= 31 && tb.t >= 1e-20f; }
+
+  ThcRegRound(const kern::ThcTables& tb, float e) {
+    HWY_ALIGN float lo_f[32], inv16[32];
+    HWY_ALIGN int32_t lo_i[32], hi_i[32], pair[32];
+    for (int k = 0; k < 32; ++k) {
+      const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
+      lo_f[k] = static_cast<float>(c.lo_val);
+      inv16[k] = c.inv_span * 65536.0f;
+      lo_i[k] = c.lo_val;
+      hi_i[k] = c.hi_val;
+      pair[k] = c.lo_idx | (c.hi_idx << 8);
+    }
+    lf0 = _mm512_load_ps(lo_f);
+    lf1 = _mm512_load_ps(lo_f + 16);
+    iv0 = _mm512_load_ps(inv16);
+    iv1 = _mm512_load_ps(inv16 + 16);
+    li0 = _mm512_load_si512(lo_i);
+    li1 = _mm512_load_si512(lo_i + 16);
+    hi0 = _mm512_load_si512(hi_i);
+    hi1 = _mm512_load_si512(hi_i + 16);
+    pr0 = _mm512_load_si512(pair);
+    pr1 = _mm512_load_si512(pair + 16);
+    half = _mm512_set1_ps(0.5f);
+    t = _mm512_set1_ps(tb.t);
+    negt = _mm512_set1_ps(-tb.t);
+    g2t = _mm512_set1_ps(tb.g_over_2t);
+    enc = _mm512_set1_ps(e);
+  }
+
+  // thc_grid(w * enc) in five operations: NaN -> 0 by the zeroing mask of the Min, and no Min
+  // with g at the end. Without that clamp v = (t + t) * g/(2t) can round to just above g (at
+  // most g + 1 ulp, still below 32): k = g then reads the copy of cell g - 1, as thc_round's
+  // clamp of k does, and p16 = (v - lo) * inv16 only grows, while with the clamp it is already
+  // at least 65535.75 (v - lo = the cell's span, inv16 = 2^16 / span within an ulp): every draw
+  // goes up either way, to the same hi code and value. Then the cell k and whether the draws j
+  // (u32 lanes) go up.
+  HWY_INLINE void Round(__m512 w, __m512i j, __m512i* k, __mmask16* up) const {
+    const __m512 y = _mm512_mul_ps(w, enc);
+    const __m512 yc = _mm512_max_ps(_mm512_maskz_min_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), y, t), negt);
+    const __m512 v = _mm512_mul_ps(_mm512_add_ps(yc, t), g2t);
+    *k = _mm512_cvttps_epi32(v);  // v in [0, g + 1 ulp]: truncation = floor
+    const __m512 lo = _mm512_permutex2var_ps(lf0, *k, lf1);
+    const __m512 inv = _mm512_permutex2var_ps(iv0, *k, iv1);
+    const __m512 p16 = _mm512_mul_ps(_mm512_sub_ps(v, lo), inv);
+    const __m512 u16 = _mm512_add_ps(_mm512_cvtepi32_ps(j), half);
+    *up = _mm512_cmp_ps_mask(u16, p16, _CMP_LT_OQ);
+  }
+  HWY_INLINE __m512i Value(__m512i k, __mmask16 up) const {
+    return _mm512_mask_blend_epi32(up, _mm512_permutex2var_epi32(li0, k, li1), _mm512_permutex2var_epi32(hi0, k, hi1));
+  }
+  // The code in the low byte of each u32 lane (the bytes above are not cleared).
+  HWY_INLINE __m512i Code(__m512i k, __mmask16 up) const {
+    const __m512i pr = _mm512_permutex2var_epi32(pr0, k, pr1);
+    return _mm512_mask_srli_epi32(pr, up, pr, 8);
+  }
+};
+
+// 16 codes below 16 (Code(): low bytes) -> 8 bytes, element 2i in the low nibble of byte i
+// (elem.h's bit order for b = 4): each 64-bit lane gets its odd code shifted down next to the
+// even one, then the low byte of each lane.
+HWY_INLINE void StorePacked4(__m512i code, uint8_t* HWY_RESTRICT p) {
+  const __m512i both = _mm512_or_si512(code, _mm512_srli_epi64(code, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm512_cvtepi64_epi8(both));
+}
+
+#endif  // HWY_TARGET <= HWY_AVX3
+
+}  // namespace thc::codec::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
