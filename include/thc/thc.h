@@ -177,6 +177,9 @@ typedef struct thc_stats {
   int hier_hosts;            /* hierarchical MPI communicators (THC_HIER): the hosts the compressed
                               * stage spans; the wire bytes are this rank's share of that stage (what
                               * crosses hosts), elements and float_bytes the whole calls'. 0: flat */
+  uint64_t groups;           /* calls that ran several tensors as one stream (thc_allreduce_group,
+                              * fused nonblocking allreduces) */
+  uint64_t grouped_tensors;  /* the tensors of those calls (each also counts in `calls`) */
 } thc_stats_t;
 thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
 
