@@ -13,7 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/engine/engine.h"
 #include "thc/thc.h"
+#include "transport/inproc/inproc.h"
 
 namespace {
 
@@ -566,6 +568,86 @@ TEST_P(Sizes, AllgatherGivesEveryRankTheSameApproximationOfEveryShard) {
       // one worker's error (no averaging over workers): THC b=4 about 0.02-0.05, Cnat about 0.1
       EXPECT_LT(nmse(out[0].data() + off[q], exact), scheme == THC_SCHEME_THC ? 0.08 : 0.2) << "shard " << q;
       EXPECT_GT(nmse(out[0].data() + off[q], exact), 1e-6) << "lossy, as asked";
+    }
+  }
+}
+
+// A backend whose aggregates leave one rank uncounted (as a quorum aggregator may).
+class PartialReducer final : public thc::transport::Reducer {
+ public:
+  PartialReducer(std::unique_ptr<Reducer> inner, int left_out) : inner_(std::move(inner)), left_out_(left_out) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return "partial"; }
+  void max_u32(uint32_t* d, size_t n) override { inner_->max_u32(d, n); }
+  std::unique_ptr<thc::transport::Request> start_sum(void* d, uint64_t count, thc::codec::IntType t) override {
+    return wrap(inner_->start_sum(d, count, t));
+  }
+  std::unique_ptr<thc::transport::Request> start_lookup_sum(const uint8_t* p, uint64_t count,
+                                                            const thc::transport::LookupTable& tb, void* sums,
+                                                            thc::codec::IntType t,
+                                                            const thc::transport::DownstreamCodec* down) override {
+    return wrap(inner_->start_lookup_sum(p, count, tb, sums, t, down));
+  }
+  bool partial_results() const override { return true; }
+
+ private:
+  class Req final : public thc::transport::Request {
+   public:
+    Req(std::unique_ptr<Request> r, int n, bool counted) : r_(std::move(r)), n_(n), counted_(counted) {}
+    bool test() override { return r_->test(); }
+    void wait() override { r_->wait(); }
+    int contributors() const override { return n_ - 1; }
+    bool self_counted() const override { return counted_; }
+
+   private:
+    std::unique_ptr<Request> r_;
+    int n_;
+    bool counted_;
+  };
+  std::unique_ptr<thc::transport::Request> wrap(std::unique_ptr<thc::transport::Request> r) {
+    return std::make_unique<Req>(std::move(r), size(), rank() != left_out_);
+  }
+  std::unique_ptr<Reducer> inner_;
+  int left_out_;
+};
+
+// Partial aggregates (a rank left out): a group's tensors still equal separate calls bit for bit,
+// outputs and error-feedback residuals (the rank left out keeps its whole contribution).
+TEST(Requests, GroupUnderPartialAggregationMatchesSeparateCalls) {
+  const int n = 3;
+  const thc_config_t cfg = base_config();
+  for (thc::codec::Scheme scheme : {thc::codec::Scheme::kThc, thc::codec::Scheme::kCnat}) {
+    std::vector<std::vector<std::vector<float>>> out(2, std::vector<std::vector<float>>(n * kCounts.size()));
+    std::vector<std::vector<std::vector<float>>> res = out;
+    for (int grouped = 0; grouped < 2; ++grouped) {
+      auto group = thc::transport::make_inproc_group(n, 20000);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < n; ++r) {
+        ts.emplace_back([&, r] {
+          thc::engine::Engine e(std::make_unique<PartialReducer>(thc::transport::make_inproc_reducer(group, r), 1), cfg);
+          std::vector<thc::engine::ErrorFeedback> ef(kCounts.size());
+          std::vector<std::vector<float>> x(kCounts.size());
+          std::vector<thc::engine::Tensor> tensors;
+          for (size_t t = 0; t < kCounts.size(); ++t) {
+            x[t] = input(r, t, kCounts[t]);
+            auto& o = out[grouped][r * kCounts.size() + t];
+            o.assign(kCounts[t], -7.0f);
+            tensors.push_back({x[t].data(), o.data(), kCounts[t], thc::engine::DType::kF32, &ef[t]});
+          }
+          if (grouped) {
+            e.allreduce_group(scheme, tensors.data(), tensors.size(), false);
+          } else {
+            for (const auto& t : tensors) e.allreduce(scheme, t.send, t.recv, t.count, t.dtype, false, t.ef);
+          }
+          for (size_t t = 0; t < kCounts.size(); ++t) res[grouped][r * kCounts.size() + t] = ef[t].residual;
+        });
+      }
+      for (auto& t : ts) t.join();
+    }
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      EXPECT_EQ(bits(out[1][i]), bits(out[0][i])) << "tensor " << i % kCounts.size() << " rank " << i / kCounts.size();
+      EXPECT_EQ(bits(res[1][i]), bits(res[0][i])) << "residual of tensor " << i % kCounts.size();
     }
   }
 }
