@@ -4,7 +4,9 @@
 //
 // The model: --tensors float32 tensors whose sizes are drawn log-uniformly in [--min, --max] bytes
 // (fixed --seed, the same on every rank; the sizes of a convolutional or transformer model's
-// weights, biases and norms spread over several orders of magnitude like this). Timed, each the
+// weights, biases and norms spread over several orders of magnitude like this), each starting on
+// a 64-byte boundary as allocators place tensors (a bucket's tensors packed at arbitrary float
+// offsets make every SIMD load of the codec straddle cache lines). Timed, each the
 // slowest rank's, median over -n repetitions:
 //   one      one thc_allreduce_scheme of a buffer of the total size: the reference
 //   fused    every tensor's thc_iallreduce started back to back, then thc_waitall: the progress
@@ -21,7 +23,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -106,19 +110,31 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<double> u(std::log(static_cast<double>(lo)), std::log(static_cast<double>(hi)));
     for (size_t& c : counts) c = std::max<size_t>(1, static_cast<size_t>(std::exp(u(gen))) / 4);
   }
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = 0, span = 0;
   std::vector<size_t> off(ntensors);
-  for (int t = 0, o = 0; t < ntensors; ++t) {
-    off[t] = static_cast<size_t>(o);
-    o += static_cast<int>(counts[t]);
+  for (int t = 0; t < ntensors; ++t) {
+    off[t] = span;
+    total += counts[t];
+    span += (counts[t] + 15) / 16 * 16;  // 64-byte boundaries
   }
-  // Inputs: one buffer, the tensors side by side (the reference reduces it whole).
-  std::vector<float> x(total), y(total);
+  // Inputs: the model's tensors (xm, results ym) and the same values side by side in one buffer of
+  // the total size for the reference (x, results y).
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  auto alloc = [](size_t n) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, std::max<size_t>(n, 1) * sizeof(float)) != 0) die("out of memory");
+    return std::unique_ptr<float, Free>(static_cast<float*>(p));
+  };
+  auto xm_ = alloc(span), ym_ = alloc(span), x_ = alloc(total), y_ = alloc(total);
+  float *xm = xm_.get(), *ym = ym_.get(), *xs = x_.get(), *ys = y_.get();
   {
     std::mt19937 gen(static_cast<uint32_t>(seed * 7919 + g_rank));
     std::normal_distribution<float> nd;
-    for (float& v : x) v = nd(gen);
+    size_t k = 0;
+    for (int t = 0; t < ntensors; ++t)
+      for (size_t i = 0; i < counts[t]; ++i) xm[off[t] + i] = xs[k++] = nd(gen);
   }
 
   thc_config_t cfg;
@@ -130,19 +146,18 @@ int main(int argc, char** argv) {
   check(thc_comm_create_mpi(MPI_COMM_WORLD, &nofuse, &plain), "thc_comm_create_mpi");
 
   auto run_one = [&] {
-    check(thc_allreduce_scheme(scheme, x.data(), y.data(), total, THC_FLOAT32, THC_OP_SUM, fused, nullptr),
-          "thc_allreduce_scheme");
+    check(thc_allreduce_scheme(scheme, xs, ys, total, THC_FLOAT32, THC_OP_SUM, fused, nullptr), "thc_allreduce_scheme");
   };
   std::vector<thc_request_t> reqs(ntensors);
   auto run_nb = [&](thc_comm_t c) {
     for (int t = 0; t < ntensors; ++t)
-      check(thc_iallreduce_scheme(scheme, x.data() + off[t], y.data() + off[t], counts[t], THC_FLOAT32, THC_OP_SUM, c,
-                                  nullptr, &reqs[t]),
+      check(thc_iallreduce_scheme(scheme, xm + off[t], ym + off[t], counts[t], THC_FLOAT32, THC_OP_SUM, c, nullptr,
+                                  &reqs[t]),
             "thc_iallreduce_scheme");
     check(thc_waitall(reqs.size(), reqs.data(), nullptr), "thc_waitall");
   };
   std::vector<thc_tensor_t> ts(ntensors);
-  for (int t = 0; t < ntensors; ++t) ts[t] = thc_tensor_t{x.data() + off[t], y.data() + off[t], counts[t], THC_FLOAT32, nullptr};
+  for (int t = 0; t < ntensors; ++t) ts[t] = thc_tensor_t{xm + off[t], ym + off[t], counts[t], THC_FLOAT32, nullptr};
   auto run_group = [&] { check(thc_allreduce_group(scheme, ts.data(), ts.size(), THC_OP_SUM, fused), "thc_allreduce_group"); };
 
   struct Mode {
@@ -169,13 +184,14 @@ int main(int argc, char** argv) {
   }
   // The fused results against the exact sum.
   run_nb(fused);
-  std::vector<double> xd(x.begin(), x.end()), ex(total);
+  std::vector<double> xd(xs, xs + total), ex(total);
   MPI_Allreduce(xd.data(), ex.data(), static_cast<int>(total), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   double err = 0, ref = 0;
-  for (size_t i = 0; i < total; ++i) {
-    err += (y[i] - ex[i]) * (y[i] - ex[i]);
-    ref += ex[i] * ex[i];
-  }
+  for (int t = 0, k = 0; t < ntensors; ++t)
+    for (size_t i = 0; i < counts[t]; ++i, ++k) {
+      err += (ym[off[t] + i] - ex[k]) * (ym[off[t] + i] - ex[k]);
+      ref += ex[k] * ex[k];
+    }
   double nmse = err / ref, worst = 0;
   MPI_Allreduce(&nmse, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
