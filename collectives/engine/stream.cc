@@ -353,15 +353,23 @@ void Engine::run_stream(Stream& st) {
     size_t ci = 0;
     bool live = false;
   };
+  // Staging only where a tensor needs it (not float32, or error feedback; outputs not float32):
+  // float32 tensors without error feedback are encoded from and decoded into the caller's memory,
+  // and buffers never touched are not allocated (zero-filling them costs page faults per call).
+  bool stage_in = false, stage_out = false;
+  for (const Seg& sg : st.segs) {
+    if (sg.send && sg.count && (sg.dtype != DType::kF32 || sg.res)) stage_in = true;
+    if (sg.recv && sg.count && sg.out_dtype != DType::kF32) stage_out = true;
+  }
   Slot slots[2];
   for (Slot& s : slots) {
-    s.x.resize(max_elems);
+    if (stage_in) s.x.resize(max_elems);
     if (packed_form) s.packed.resize(cod.packed_bytes(max_wire) + 8);
     if (st.kind != Kind::kAllgather) s.sums.resize(max_wire * wsz + 1);
   }
   constexpr uint64_t kGroup = 8;  // blocks decoded between two looks at the transfer in flight
   std::vector<uint8_t> vals(st.kind == Kind::kAllgather ? kGroup * B * wsz : 0);
-  std::vector<float> obuf(kGroup * B);
+  std::vector<float> obuf(stage_out ? kGroup * B : 0);
   // A reduce-scatter in place writes its shard at the front of recv, over input that later chunks
   // still encode for other shards: then the shard is decoded aside and stored at the end.
   std::vector<float> staged_out;

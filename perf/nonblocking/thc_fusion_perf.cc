@@ -13,9 +13,11 @@
 //            thread fuses them (THC_FUSION_BYTES, THC_FUSION_CYCLE_MS)
 //   group    one thc_allreduce_group of all the tensors
 //   unfused  every tensor's thc_iallreduce on a communicator with THC_FUSION_BYTES=0
-// and the ratios to `one` (target: fused within 1.15). The NMSE of the fused results against the
+// and the ratios to `one` (the median of per-repetition ratios, modes alternating; target: fused
+// within 1.15), plus the CPU time of the busiest process per repetition (all its threads). The NMSE of the fused results against the
 // exact sum checks that they are what an allreduce returns.
 #include <mpi.h>
+#include <time.h>
 
 #include <CLI/CLI.hpp>
 
@@ -62,6 +64,12 @@ double slowest(double t) {
   return m;
 }
 
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -74,7 +82,7 @@ void check(thc_status_t st, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string min_s = "1K", max_s = "4M", scheme_s = "thc";
+  std::string min_s = "1K", max_s = "4M", scheme_s = "thc", modes_s = "one,fused,group,unfused";
   int ntensors = 200, reps = 5, warmup = 2;
   uint64_t seed = 1;
   CLI::App app{"thc_fusion_perf: many tensors (nonblocking, fused) against one allreduce of their total size."};
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
   app.add_option("--max", max_s, "largest tensor in bytes");
   app.add_option("--scheme", scheme_s, "thc | uhc | cnat | dnat")->check(CLI::IsMember({"thc", "uhc", "cnat", "dnat"}));
   app.add_option("--seed", seed, "seed of the tensor sizes and inputs");
+  app.add_option("--modes", modes_s, "comma-separated modes to time (one first: the ratios' reference)");
   app.add_option("-n,--reps", reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   app.add_option("-w,--warmup", warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
   int provided = MPI_THREAD_SINGLE;
@@ -163,23 +172,31 @@ int main(int argc, char** argv) {
   struct Mode {
     const char* name;
     std::function<void()> fn;
-    std::vector<double> t;
+    std::vector<double> t, cpu;
   };
-  std::vector<Mode> modes = {{"one", run_one, {}},
-                             {"fused", [&] { run_nb(fused); }, {}},
-                             {"group", run_group, {}},
-                             {"unfused", [&] { run_nb(plain); }, {}}};
+  std::vector<Mode> all_modes = {{"one", run_one, {}},
+                                 {"fused", [&] { run_nb(fused); }, {}},
+                                 {"group", run_group, {}},
+                                 {"unfused", [&] { run_nb(plain); }, {}}};
+  std::vector<Mode> modes;
+  for (Mode& m : all_modes)
+    if (("," + modes_s + ",").find("," + std::string(m.name) + ",") != std::string::npos) modes.push_back(m);
+  if (modes.empty()) die("--modes: none of one, fused, group, unfused");
   thc_stats_t s0{}, s1{};
   // Alternating modes, so that the machine's load drifts alike for all.
   for (int r = 0; r < warmup + reps; ++r) {
     for (Mode& m : modes) {
       if (std::string(m.name) == "fused") thc_comm_stats(fused, &s0);
       MPI_Barrier(MPI_COMM_WORLD);
-      const double t0 = MPI_Wtime();
+      const double c0 = cpu_seconds(), t0 = MPI_Wtime();
       m.fn();
       const double t = slowest(MPI_Wtime() - t0);
+      const double c = slowest(cpu_seconds() - c0);
       if (std::string(m.name) == "fused") thc_comm_stats(fused, &s1);
-      if (r >= warmup) m.t.push_back(t);
+      if (r >= warmup) {
+        m.t.push_back(t);
+        m.cpu.push_back(c);
+      }
     }
   }
   // The fused results against the exact sum.
@@ -202,13 +219,18 @@ int main(int argc, char** argv) {
                 g_size, scheme_s.c_str(), ntensors, min_s.c_str(), max_s.c_str(), static_cast<unsigned long long>(seed),
                 total * 4 / 1e6, cfg.fusion_bytes, cfg.fusion_cycle_ms,
                 provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (calls run inline)");
-    std::printf("# %-8s  %10s  %10s  %10s  %12s\n", "mode", "median_ms", "min_ms", "max_ms", "ratio_to_one");
+    // ratio_to_one: the median over repetitions of this mode's time over `one`'s in the same
+    // repetition (measured back to back, so that the machine's load drifts out of the ratio).
+    std::printf("# %-8s  %10s  %10s  %10s  %12s  %12s\n", "mode", "median_ms", "min_ms", "max_ms", "ratio_to_one",
+                "cpu_ms");
     for (const Mode& m : modes) {
-      const double med = median(m.t);
-      std::printf("  %-8s  %10.1f  %10.1f  %10.1f  %12.3f\n", m.name, med * 1e3,
+      std::vector<double> ratio;
+      for (size_t i = 0; i < m.t.size(); ++i) ratio.push_back(m.t[i] / modes[0].t[i]);
+      std::printf("  %-8s  %10.1f  %10.1f  %10.1f  %12.3f  %12.1f\n", m.name, median(m.t) * 1e3,
                   *std::min_element(m.t.begin(), m.t.end()) * 1e3, *std::max_element(m.t.begin(), m.t.end()) * 1e3,
-                  med / base);
+                  median(ratio), median(m.cpu) * 1e3);
     }
+    (void)base;
     std::printf("# fused: %llu groups for %llu tensors per repetition (last repetition); NMSE of the fused results "
                 "%.4g (worst rank)\n",
                 static_cast<unsigned long long>(s1.groups - s0.groups),
