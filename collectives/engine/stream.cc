@@ -401,13 +401,9 @@ void Engine::run_stream(Stream& st) {
     int contributors;
     bool self_counted;
   };
-  auto contrib_at = [&](const std::vector<transport::Request::Part>& parts, const transport::Request& req,
-                        uint64_t w) -> Contrib {
+  auto contrib_at = [&](const std::vector<transport::Request::Part>& parts, const Contrib& whole, uint64_t w) -> Contrib {
     if (st.kind == Kind::kAllgather) return {1, true};
-    if (parts.empty()) {
-      const int c = req.contributors();
-      return {c < 0 ? n : c, req.self_counted()};
-    }
+    if (parts.empty()) return whole;
     for (const transport::Request::Part& p : parts)
       if (w >= p.first && w < p.first + p.count) return {p.contributors < 0 ? n : p.contributors, p.self_counted};
     return {n, true};
@@ -417,6 +413,13 @@ void Engine::run_stream(Stream& st) {
     s.req->wait();
     const Chunk& c = chunks[s.ci];
     const std::vector<transport::Request::Part> parts = s.req->parts();
+    const int c0 = s.req->contributors();
+    const Contrib whole{c0 < 0 ? n : c0, s.req->self_counted()};
+    // The operation's buffers go before the decode (as allreduce_host does): freed in the same
+    // order every chunk, the allocator reuses them instead of returning them to the system and
+    // faulting them in again for the next chunk.
+    s.req.reset();
+    s.live = false;
     for (const Run& r : c.runs) {
       Seg& sg = st.segs[r.seg];
       if (!sg.recv) continue;
@@ -425,7 +428,7 @@ void Engine::run_stream(Stream& st) {
         const uint64_t first = b * B;
         const uint64_t m = std::min<uint64_t>(sg.count - first, g * B);
         const uint64_t woff = r.woff + (b - r.b0) * B;
-        const Contrib ct = contrib_at(parts, *s.req, woff);
+        const Contrib ct = contrib_at(parts, whole, woff);
         const void* sums;
         if (st.kind == Kind::kAllgather) {
           uint64_t w = 0;
@@ -456,8 +459,6 @@ void Engine::run_stream(Stream& st) {
         if (drive && drive->req) drive->req->test();
       }
     }
-    s.req.reset();
-    s.live = false;
   };
 
   // Left behind (the job went on without this rank): nothing of the call from chunk `from` on was

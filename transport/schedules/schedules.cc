@@ -34,6 +34,27 @@ struct Shared {
       why = msg;
     }
   }
+  // Buffers of finished operations, for the next ones. An operation's buffers live for one chunk
+  // of a call; freed and allocated again at every chunk (sizes vary from chunk to chunk in calls on
+  // several tensors), the allocator hands them back to the system and faults them in again,
+  // zero-filled: several megabytes of page faults per call. Contents are unspecified.
+  std::vector<std::vector<uint8_t>> spare;
+  std::vector<uint8_t> take(size_t n) {
+    size_t best = spare.size();
+    for (size_t i = 0; i < spare.size(); ++i)
+      if (spare[i].size() >= n && (best == spare.size() || spare[i].size() < spare[best].size())) best = i;
+    if (best == spare.size() && !spare.empty()) best = 0;  // grow one rather than allocate anew
+    std::vector<uint8_t> v;
+    if (best < spare.size()) {
+      v = std::move(spare[best]);
+      spare.erase(spare.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+    if (v.size() < n) v.resize(n);
+    return v;
+  }
+  void give(std::vector<uint8_t>&& v) {
+    if (!v.empty() && spare.size() < 16) spare.push_back(std::move(v));
+  }
   // Two tags per operation (reduce-scatter, allgather); operations in flight at once are few, so
   // the operation number modulo the tag space keeps them apart.
   uint32_t tag(uint64_t op, int phase) const {
@@ -173,6 +194,9 @@ class Sched : public Request {
     check_done();
   }
   uint32_t tag(int phase) const { return sh_->tag(op_, phase); }
+  std::vector<uint8_t> take(size_t n) { return sh_->take(n); }
+  // Back to the spares, after shutdown() (buffers the link may still touch were parked: empty).
+  void recycle(std::vector<uint8_t>& v) { sh_->give(std::move(v)); }
   Link& link() { return *link_; }
   const ScheduleOptions& opt() const { return sh_->opt; }
   [[noreturn]] void abandon(Status s, const std::string& msg) {
@@ -293,13 +317,14 @@ class PsSum final : public Sched {
       }
     }
     const uint64_t packed_bytes = (count * static_cast<uint64_t>(b) + 7) / 8;
-    in_.assign(packed, packed + packed_bytes);
+    in_ = take(packed_bytes + 1);
+    if (packed_bytes) std::memcpy(in_.data(), packed, packed_bytes);
     const std::vector<Piece>& mine = pieces_[r_];
     const uint64_t my_first = off_[r_], my_elems = off_[r_ + 1] - off_[r_];
     const uint64_t my_bytes = (my_elems * static_cast<uint64_t>(b) + 7) / 8;
-    rin_.resize(static_cast<size_t>(n_ - 1) * my_bytes + 1);
-    acc_.resize(my_elems * w_ + 1);
-    gath_.resize(enc_total + 1);
+    rin_ = take(static_cast<size_t>(n_ - 1) * my_bytes + 1);
+    acc_ = take(my_elems * w_ + 1);
+    gath_ = take(enc_total + 1);
     arrived_.assign(mine.size(), 0);
     // Receives first (they only name buffers), in the order each peer sends: piece by piece.
     for (int s = 1; s < n_; ++s) {
@@ -332,7 +357,10 @@ class PsSum final : public Sched {
     finish_now();
   }
 
-  ~PsSum() override { shutdown(); }
+  ~PsSum() override {
+    shutdown();
+    for (auto* v : {&in_, &rin_, &acc_, &gath_}) recycle(*v);
+  }
 
  private:
   size_t piece_bytes(int q, size_t k) const {
@@ -435,8 +463,9 @@ class RingSum final : public Sched {
       finish_now();
       return;
     }
-    work_.assign(data_, data_ + count * w_);
-    out_.resize(count * w_ + 1);
+    work_ = take(count * w_ + 1);
+    if (count) std::memcpy(work_.data(), data_, count * w_);
+    out_ = take(count * w_ + 1);
     left_ = (r_ - 1 + n_) % n_;
     right_ = (r_ + 1) % n_;
     // Reduce-scatter: at step s this rank sends segment r-s (its partial sum so far) and receives
@@ -455,7 +484,7 @@ class RingSum final : public Sched {
       rs_ready_[s].assign(seg_[mod(r_ - s)].size(), s == 0 ? 1 : 0);
       ag_ready_[s].assign(seg_[mod(r_ + 1 - s)].size(), 0);
     }
-    tmp_.resize(tmp_total + 1);
+    tmp_ = take(tmp_total + 1);
     for (int s = 0; s < n_ - 1; ++s) {
       const std::vector<Piece>& ps = seg_[mod(r_ - s - 1)];
       for (size_t k = 0; k < ps.size(); ++k)
@@ -476,7 +505,10 @@ class RingSum final : public Sched {
     finish_now();
   }
 
-  ~RingSum() override { shutdown(); }
+  ~RingSum() override {
+    shutdown();
+    for (auto* v : {&work_, &tmp_, &out_}) recycle(*v);
+  }
 
  private:
   int mod(int v) const { return ((v % n_) + n_) % n_; }
@@ -582,8 +614,9 @@ class PairGather final : public Sched {
     const uint64_t pe = std::max<uint64_t>(64, opt().piece_bytes);
     pieces_.resize(n_);
     for (int q = 0; q < n_; ++q) pieces_[q] = cut(off_[q], off_[q + 1], pe);
-    in_.assign(buf + off_[r_], buf + off_[r_ + 1]);
-    gath_.resize(off_[n_] + 1);
+    in_ = take(off_[r_ + 1] - off_[r_] + 1);
+    std::memcpy(in_.data(), buf + off_[r_], off_[r_ + 1] - off_[r_]);
+    gath_ = take(off_[n_] + 1);
     for (int s = 1; s < n_; ++s) {
       const int from = (r_ - s + n_) % n_;
       for (size_t k = 0; k < pieces_[from].size(); ++k) {
@@ -599,7 +632,10 @@ class PairGather final : public Sched {
       }
     finish_now();
   }
-  ~PairGather() override { shutdown(); }
+  ~PairGather() override {
+    shutdown();
+    for (auto* v : {&in_, &gath_}) recycle(*v);
+  }
 
  private:
   void on_recv(Act act, int peer, uint32_t index) override {
