@@ -511,10 +511,10 @@ int main(int argc, char** argv) {
                   std::getenv("NCCL_COLLNET_ENABLE") ? std::getenv("NCCL_COLLNET_ENABLE") : "(unset)");
 #endif
     } else if (none) {
-      std::printf("# scheme: none (MPI_Allreduce on %s)", ti.name);
+      std::printf("# scheme: none (%s on %s)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce", ti.name);
     } else if (bf16) {
-      std::printf("# scheme: bf16 (float -> bfloat16, MPI_Allreduce with a bfloat16 SUM op in float, round to nearest "
-                  "even, -> float)");
+      std::printf("# scheme: bf16 (float -> bfloat16, %s with a bfloat16 SUM op in float, round to nearest "
+                  "even, -> float)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
     } else {
       std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
       if (scheme == THC_SCHEME_THC || scheme == THC_SCHEME_UHC)

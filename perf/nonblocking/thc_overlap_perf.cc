@@ -17,6 +17,10 @@
 // that needs that core too, whatever the threads (see the README: on this 2-core machine ranks
 // share cores, so only the communication's waiting hides, its encoding and decoding do not).
 //
+// --workload sleep replaces the CPU workload by a sleep of the same calibrated length: the caller
+// busy elsewhere without using a core (waiting for a GPU kernel, as a training step's backward pass
+// does), which separates what the progress thread can hide from what the cores allow.
+//
 // thc needs MPI_THREAD_MULTIPLE for its progress thread; the tool asks for it and says what it got.
 #include <mpi.h>
 #include <sys/resource.h>
@@ -25,6 +29,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -64,11 +70,18 @@ double cpu_seconds() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-// The workload: passes of an FMA over 64 Ki floats (256 KB, cache-resident): pure CPU.
+// The workload: passes of an FMA over 64 Ki floats (256 KB, cache-resident): pure CPU. Or, with
+// sleep, as long as that many passes took when calibrated, without using the CPU.
 struct Work {
   std::vector<float> x, y;
+  bool sleep = false;
+  double per_pass = 0;  // seconds, measured by calibrate()
   Work() : x(1 << 16, 1.0001f), y(1 << 16, 0.5f) {}
   void run(long passes) {
+    if (sleep && per_pass > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(per_pass * static_cast<double>(passes)));
+      return;
+    }
     for (long p = 0; p < passes; ++p) {
       const float a = 0.999f;
       for (size_t i = 0; i < y.size(); ++i) y[i] = a * y[i] + x[i] * 1e-3f;
@@ -91,7 +104,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string size_s = "16M", scheme_s = "thc";
+  std::string size_s = "16M", scheme_s = "thc", workload_s = "cpu";
   int inflight = 4, reps = 5, warmup = 2;
   double compute_ms = 0;
   CLI::App app{"thc_overlap_perf: compute while nonblocking allreduces are in flight. Run under mpirun."};
@@ -100,6 +113,8 @@ int main(int argc, char** argv) {
   app.add_option("--scheme", scheme_s, "thc | uhc | cnat | dnat | none (MPI_Iallreduce, uncompressed)")
       ->check(CLI::IsMember({"thc", "uhc", "cnat", "dnat", "none"}));
   app.add_option("--compute-ms", compute_ms, "the workload's target time (0: about the communication's)");
+  app.add_option("--workload", workload_s, "cpu (FMA passes) | sleep (as long, without using a core)")
+      ->check(CLI::IsMember({"cpu", "sleep"}));
   app.add_option("-n,--reps", reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   app.add_option("-w,--warmup", warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
   int provided = MPI_THREAD_SINGLE;
@@ -183,9 +198,12 @@ int main(int argc, char** argv) {
     const double t0 = MPI_Wtime();
     work.run(passes);
     const double t = slowest(MPI_Wtime() - t0);
+    work.per_pass = t / static_cast<double>(passes);
     passes = std::max<long>(1, static_cast<long>(static_cast<double>(passes) * target / std::max(t, 1e-9)));
   }
   MPI_Bcast(&passes, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&work.per_pass, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  work.sleep = workload_s == "sleep";
 
   std::vector<double> comp, both;
   for (int r = 0; r < warmup + reps; ++r) {
@@ -211,9 +229,10 @@ int main(int argc, char** argv) {
   const double overlap = hidden / std::min(t_comp, t_comm);
   if (g_rank == 0) {
     std::printf("# thc_overlap_perf: %d ranks, %d x %llu B allreduces in flight, scheme %s, MPI thread level %s, "
-                "workload %ld passes (%s)\n",
+                "workload %s, %ld passes (%s)\n",
                 g_size, inflight, static_cast<unsigned long long>(count * 4), scheme_s.c_str(),
-                provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (thc runs calls inline)", passes,
+                provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (thc runs calls inline)",
+                workload_s == "sleep" ? "sleep (no CPU)" : "cpu", passes,
                 compute_ms > 0 ? "--compute-ms" : "calibrated to the communication");
     std::printf("# %10s  %10s  %10s  %10s  %10s  %8s  %9s  %12s\n", "compute", "comm", "both", "sum", "max", "overlap",
                 "both/max", "comm_cpu");
