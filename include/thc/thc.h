@@ -255,8 +255,9 @@ thc_status_t thc_request_free(thc_request_t* request);
  * blocks, so small tensors share the per-call cost that makes them slow alone. Each tensor keeps
  * whole blocks of its own (statistics, rotation and error feedback per tensor, in `state`), so
  * every tensor's result is bit-identical to a thc_allreduce_scheme of it alone in the same place
- * in the sequence of calls; a group of k tensors counts as k calls. Tensors may differ in dtype;
- * scheme and op are the group's. A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
+ * in the sequence of calls (THC_BIDIR aside); a group counts as one call per tensor with
+ * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
+ * communicator (THC_HIER) a group runs tensor by tensor. A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
  * array may be freed once the start call returns; the buffers belong to the call until it
  * completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
  * number of tensors with the same counts (THC_ERR_CONFIG_MISMATCH otherwise). */
@@ -279,9 +280,9 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * the ranks: the first half of the colocated parameter server, without the allgather. Shards of
  * any sizes (0 included). Each shard is compressed as a tensor of its own (whole blocks, as in a
  * group), so rank r's result is bit-identical to its shard of a thc_allreduce_group of the shards;
- * the call counts as `size` calls. sendbuf THC_IN_PLACE (or NULL): the input is read from
- * recvbuf, which then holds all sum(recvcounts) elements and receives the shard at its front (as
- * MPI_Reduce_scatter with MPI_IN_PLACE). state: error feedback of the whole input (bound to
+ * the call counts as one call per non-empty shard. sendbuf THC_IN_PLACE (or NULL): the input is
+ * read from recvbuf, which then holds all sum(recvcounts) elements and receives the shard at its
+ * front (as MPI_Reduce_scatter with MPI_IN_PLACE). state: error feedback of the whole input (bound to
  * sum(recvcounts)): each shard's residual is kept by every rank for its own contribution.
  * recvcounts must be the same on every rank (THC_ERR_CONFIG_MISMATCH otherwise).
  *
@@ -293,7 +294,8 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * decoded value too, so all ranks hold the same parameters). Same error bound per shard as one
  * worker's contribution to an allreduce (no averaging over workers). state: error feedback of
  * this rank's shard (bound to recvcounts[rank]). sendbuf THC_IN_PLACE (or NULL): the own shard is
- * read from its place in recvbuf. Counts as `size` calls. */
+ * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI
+ * communicator (THC_HIER) both run through its allreduce (README, Limitations). */
 thc_status_t thc_reduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
                                 thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state);
 thc_status_t thc_ireduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
