@@ -16,6 +16,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "collectives/engine/dtype.h"
+#include "mpi_wrappers/thc_mpi_internal.h"
 #include "tests/mpi_wrappers/mpi_test_util.h"
 #include "thc/thc_mpi.h"
 
@@ -225,6 +227,46 @@ TEST(MpiRequests, ReduceScatterBlockAndUnequal) {
   std::vector<int> ia(2 * n, 1), ib(2, 0);
   ASSERT_EQ(THC_Reduce_scatter_block(ia.data(), ib.data(), 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD), MPI_SUCCESS);
   EXPECT_EQ(ib, std::vector<int>(2, n));
+}
+
+// The interposer's nonblocking path on 16-bit floats: NaN/Inf make every rank redo the call
+// exactly, with an op that adds half (bfloat16) values in float: small integers add exactly, the
+// NaN stays where it was, the hook sees the outcome, and MPI_Wait succeeds.
+TEST(MpiRequests, NonFiniteRedoneExactlyOnSixteenBitFloats) {
+  for (int bf : {0, 1}) {
+    const int count = 5000;
+    std::vector<uint16_t> x(count), y(count, 0);
+    for (int i = 0; i < count; ++i) {
+      const float v = static_cast<float>((i + rank()) % 7);
+      x[i] = bf ? thc::engine::float_to_bf16(v) : thc::engine::float_to_half(v);
+    }
+    if (rank() == 0) x[11] = bf ? 0x7FC0 : 0x7E00;  // NaN
+    thc::mpi::IallreduceHooks h;
+    h.nonfinite_exact = true;
+    thc_status_t seen = THC_SUCCESS;
+    int code_seen = -1;
+    h.done = [&](int code, thc_status_t st, const std::string&) {
+      seen = st;
+      code_seen = code;
+    };
+    MPI_Request r;
+    ASSERT_EQ(thc::mpi::iallreduce(THC_SCHEME_THC, x.data(), y.data(), count,
+                                   bf ? THC_MPI_BFLOAT16() : THC_MPI_FLOAT16(), MPI_SUM, MPI_COMM_WORLD, nullptr, &r, h),
+              MPI_SUCCESS);
+    ASSERT_EQ(MPI_Wait(&r, MPI_STATUS_IGNORE), MPI_SUCCESS);
+    EXPECT_EQ(seen, THC_ERR_NONFINITE);
+    EXPECT_EQ(code_seen, MPI_SUCCESS);
+    for (int i = 0; i < count; ++i) {
+      const float got = bf ? thc::engine::bf16_to_float(y[i]) : thc::engine::half_to_float(y[i]);
+      if (i == 11) {
+        EXPECT_TRUE(std::isnan(got));
+        continue;
+      }
+      float want = 0;
+      for (int q = 0; q < world(); ++q) want += static_cast<float>((i + q) % 7);
+      ASSERT_EQ(got, want) << "element " << i << (bf ? " bfloat16" : " half");
+    }
+  }
 }
 
 TEST(MpiRequests, LossyAllgather) {
