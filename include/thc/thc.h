@@ -24,7 +24,7 @@
  * a call made while another thread's call on the same communicator is running fails with
  * THC_ERR_INVALID_ARG instead of racing it, and so does a call with a thc_state_t in use. Calls
  * on different communicators may run concurrently (MPI communicators then need
- * MPI_THREAD_MULTIPLE). thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
+ * MPI_THREAD_MULTIPLE). Nonblocking calls (below) queue instead of being refused. thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
  * thc_comm_destroy and thc_state_destroy must not overlap a call on the same object.
  * thc_last_error is per thread.
  */
