@@ -1,4 +1,4 @@
-// THC aggregation data plane for BMv2 simple_switch (v1model). Protocol v2, Tofino profile: 256
+// THC aggregation data plane for BMv2 simple_switch (v1model). Protocol v3, Tofino profile: 256
 // lanes per packet, one 32-bit register per lane per slot set (two shadow sets per slot), per-slot
 // worker bitmaps, lookup tables in a register, the result multicast to every worker of the job.
 // The control plane (thc-switchd) drives it through the names in ../CONTRACT.md.
