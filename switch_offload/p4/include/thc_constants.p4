@@ -41,7 +41,7 @@ const bit<16> IPV4_HEADER_BYTES = 20;
 
 // Drop reasons: index of the c_drop counter (CONTRACT.md lists them for thc-switchd's STATS).
 const bit<8> DROP_NOT_ADMITTED = 0;   // data packet to the service from a (job, worker, ip, port) not installed
-const bit<8> DROP_BAD_FORMAT = 1;     // THC v2 data type to the service that breaks a wire rule (length, fields)
+const bit<8> DROP_BAD_FORMAT = 1;     // THC data type to the service that breaks a wire rule (length, fields)
 const bit<8> DROP_BAD_SLOT = 2;       // slot >= the job's nslots
 const bit<8> DROP_BAD_NWORKERS = 3;   // nworkers differs from the job's
 const bit<8> DROP_BAD_SHAPE = 4;      // shard != 0 or lanes != 256 (not the Tofino profile)
@@ -56,7 +56,7 @@ const bit<8> DROP_NO_REPLICA = 11;    // egress: a result replica without a repl
 #define THC_DROP_REASONS 16
 
 // meta.shape: the payload layout found (or why none was extracted).
-const bit<8> SHAPE_NONE = 0;           // not an upstream THC v2 data packet
+const bit<8> SHAPE_NONE = 0;           // not an upstream THC v3 data packet
 const bit<8> SHAPE_V8 = 1;             // 256 x 8 bits: value u8/i8, or index b = 8
 const bit<8> SHAPE_V16 = 2;            // 256 x 16 bits: value u16/i16
 const bit<8> SHAPE_V32 = 3;            // 256 x 32 bits: value u32/i32, MAX

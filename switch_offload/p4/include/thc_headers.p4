@@ -1,6 +1,7 @@
-// Ethernet, IPv4, UDP and the 64-byte THC v2 header, field for field as
-// switch_offload/protocol/README.md ("Header") and wire.h write_header() lay them out. P4 packs a
-// header's fields in declaration order, most significant bit first, which is network byte order.
+// Ethernet, IPv4, UDP and the 64-byte THC header (protocol v3; the layout is v2's), field for
+// field as switch_offload/protocol/README.md ("Header") and wire.h write_header() lay them out. P4
+// packs a header's fields in declaration order, most significant bit first, which is network byte
+// order.
 #ifndef THC_HEADERS_P4
 #define THC_HEADERS_P4
 

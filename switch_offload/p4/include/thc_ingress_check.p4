@@ -1,4 +1,4 @@
-// Statements shared by every architecture's ingress, run on a THC v2 data packet addressed to the
+// Statements shared by every architecture's ingress, run on a THC v3 data packet addressed to the
 // service (thc_service hit): the wire rules an aggregator checks on upstream data (wire.cc
 // check(), protocol/README.md), then admission (CONTRACT.md "Jobs in the data plane"). A packet
 // that breaks one gets meta.drop = 1 and its reason; one that passes has the job's parameters in

@@ -156,6 +156,8 @@ struct ig_meta_t {
     bit<32> sq;           // low 32 bits of seq + 1
     bit<32> bit_lo;       // this worker's bit in the 64-bit bitmap, as two halves
     bit<32> bit_hi;
+    bit<32> add_lo;       // what the bitmap takes: the bit, or 0 for a packet without its table
+    bit<32> add_hi;
     bit<1> lane_first;    // lanes: write instead of add
 }
 
@@ -172,6 +174,7 @@ struct ig_work_t {
     bit<8> lane_op;
     bit<8> form;          // the data packet's type (the bridged copy on passes 1..)
     bit<1> need_lut;
+    bit<1> no_table;      // an index packet whose table (lut_meta) is missing or differs
     THC_LANES_32(THC_ZBYTES)  // unpacked codes of the chunk
 }
 
@@ -206,6 +209,8 @@ parser ThcIngressParser(packet_in pkt, out headers_t hdr, out ig_meta_t meta,
         meta.sq = 0;
         meta.bit_lo = 0;
         meta.bit_hi = 0;
+        meta.add_lo = 0;
+        meta.add_hi = 0;
         meta.lane_first = 0;
         transition select(ig_intr_md.ingress_port) {
             THC_RECIRC_PORT: parse_bridge;
@@ -400,6 +405,12 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
             }
         }
     };
+    // For a packet without its table: it may only be answered, never open a new use.
+    RegisterAction<bit<32>, set_index_t, bit<32>>(r_seq) seq_read = {
+        void apply(inout bit<32> v, out bit<32> rv) {
+            rv = v;
+        }
+    };
 
     // r_bitmap: the workers counted, 64 bits as two halves.
     Register<lane_pair_t, set_index_t>(THC_SETS) r_bitmap;
@@ -412,13 +423,13 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
     RegisterAction<lane_pair_t, set_index_t, bit<32>>(r_bitmap) bitmap_add_lo = {
         void apply(inout lane_pair_t v, out bit<32> rv) {
             rv = v.lo;
-            v.lo = v.lo | meta.bit_lo;
+            v.lo = v.lo | meta.add_lo;
         }
     };
     RegisterAction<lane_pair_t, set_index_t, bit<32>>(r_bitmap) bitmap_add_hi = {
         void apply(inout lane_pair_t v, out bit<32> rv) {
             rv = v.hi;
-            v.hi = v.hi | meta.bit_hi;
+            v.hi = v.hi | meta.add_hi;
         }
     };
 
@@ -578,6 +589,7 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
         w.lane_op = LANES_NONE;
         w.form = hdr.thc.type;
         w.need_lut = 0;
+        w.no_table = 0;
 
         if (hdr.bridge.isValid()) {
             // ---- a recirculated pass ----
@@ -624,18 +636,28 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
         } else {
             // ---- pass 0: a data packet from a worker ----
 #include "thc_ingress_check.p4"
+            // The table is checked once the slot set has said whether this packet adds: a
+            // retransmission to a complete set is answered with the stored result whatever
+            // lut_meta holds now (the client may have re-installed the id since; CONTRACT.md).
+            // Without its table a packet reads the control words and writes none.
             if (meta.drop == 0 && hdr.thc.type == THC_DATA_INDEX) {
                 if (!lut_meta.apply().hit || meta.lut_bits != hdr.thc.bits || meta.lut_enc != hdr.thc.enc) {
-                    meta.drop = 1;
-                    meta.drop_reason = DROP_NO_TABLE;
+                    w.no_table = 1;
                 }
             }
             if (meta.drop == 0) {
-                c_job_rx.count(meta.job_idx);
                 worker_bit.apply();
+                if (w.no_table == 0) {
+                    meta.add_lo = meta.bit_lo;
+                    meta.add_hi = meta.bit_hi;
+                }
                 w.set = (bit<11>)(meta.slot_base + (bit<16>)hdr.thc.slot) ++ hdr.thc.shadow;
                 meta.sq = hdr.thc.seq[31:0] + 1;
-                w.old_seq = seq_update.execute(w.set);
+                if (w.no_table == 0) {
+                    w.old_seq = seq_update.execute(w.set);
+                } else {
+                    w.old_seq = seq_read.execute(w.set);
+                }
                 w.seq_diff = meta.sq - w.old_seq;
                 if (w.seq_diff == 0) {
                     w.seq_class = SEQ_SAME;
@@ -647,8 +669,10 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
 
                 w.dup = 0;
                 if (w.seq_class == SEQ_NEW) {
-                    bitmap_new.execute(w.set);
-                    w.count = count_new.execute(w.set);
+                    if (w.no_table == 0) {
+                        bitmap_new.execute(w.set);
+                        w.count = count_new.execute(w.set);
+                    }
                 } else if (w.seq_class == SEQ_SAME) {
                     if (hdr.thc.worker < 32) {
                         w.old_half = bitmap_add_lo.execute(w.set);
@@ -657,7 +681,7 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
                         w.old_half = bitmap_add_hi.execute(w.set);
                         w.dup = (w.old_half & meta.bit_hi) != 0 ? 1w1 : 1w0;
                     }
-                    if (w.dup == 1) {
+                    if (w.dup == 1 || w.no_table == 1) {
                         w.count = count_read.execute(w.set);
                     } else {
                         w.count = count_add.execute(w.set);
@@ -670,28 +694,36 @@ control ThcIngress(inout headers_t hdr, inout ig_meta_t meta,
                 hdr.bridge.maxop = hdr.thc.type == THC_DATA_MAX ? 1w1 : 1w0;
                 hdr.bridge.complete = w.count == meta.nworkers ? 1w1 : 1w0;
 
-                if (w.seq_class == SEQ_STALE) {
+                if (w.no_table == 1 && (w.dup == 0 || hdr.bridge.complete == 0)) {
+                    // Any other packet without its table is counted as no table, a stale or
+                    // duplicate one too (its table is what the sender got wrong).
                     meta.drop = 1;
-                    meta.drop_reason = DROP_STALE;
-                } else if (w.dup == 1 && hdr.bridge.complete == 0) {
-                    meta.drop = 1;
-                    meta.drop_reason = DROP_DUPLICATE;
-                } else if (w.dup == 1) {
-                    // A retransmission to a completed set: the stored result to the sender alone.
-                    result_to_sender();
-                    result_size.apply();
-                    hdr.bridge.unicast = 1;
-                    hdr.bridge.out_port = ig_intr_md.ingress_port;
-                    c_result.count(meta.job_idx);
-                    recirculate(BRIDGE_ADD, 0);
+                    meta.drop_reason = DROP_NO_TABLE;
                 } else {
-                    // Counted: its lanes are added in the next four passes.
-                    if (hdr.bridge.complete == 1) {
-                        result_to_group();
+                    c_job_rx.count(meta.job_idx);
+                    if (w.seq_class == SEQ_STALE) {
+                        meta.drop = 1;
+                        meta.drop_reason = DROP_STALE;
+                    } else if (w.dup == 1 && hdr.bridge.complete == 0) {
+                        meta.drop = 1;
+                        meta.drop_reason = DROP_DUPLICATE;
+                    } else if (w.dup == 1) {
+                        // A retransmission to a completed set: the stored result to the sender alone.
+                        result_to_sender();
                         result_size.apply();
+                        hdr.bridge.unicast = 1;
+                        hdr.bridge.out_port = ig_intr_md.ingress_port;
                         c_result.count(meta.job_idx);
+                        recirculate(BRIDGE_ADD, 0);
+                    } else {
+                        // Counted: its lanes are added in the next four passes.
+                        if (hdr.bridge.complete == 1) {
+                            result_to_group();
+                            result_size.apply();
+                            c_result.count(meta.job_idx);
+                        }
+                        recirculate(BRIDGE_ADD, 0);
                     }
-                    recirculate(BRIDGE_ADD, 0);
                 }
             }
         }

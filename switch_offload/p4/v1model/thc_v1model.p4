@@ -1,4 +1,4 @@
-// THC aggregation data plane for BMv2 simple_switch (v1model). Protocol v2, Tofino profile: 256
+// THC aggregation data plane for BMv2 simple_switch (v1model). Protocol v3, Tofino profile: 256
 // lanes per packet, one 32-bit register per lane per slot set (two shadow sets per slot), per-slot
 // worker bitmaps, lookup tables in a register, the result multicast to every worker of the job.
 // The control plane (thc-switchd) drives it through the names in ../CONTRACT.md.
@@ -247,14 +247,16 @@ control ThcIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
                 meta.drop = 1;
                 meta.drop_reason = DROP_UNSUPPORTED;
             }
+            // The table is checked once the slot set has said whether this packet adds: a
+            // retransmission to a complete set is answered with the stored result whatever
+            // lut_meta holds now (the client may have re-installed the id since; CONTRACT.md).
+            bool no_table = false;
             if (meta.drop == 0 && hdr.thc.type == THC_DATA_INDEX) {
                 if (!lut_meta.apply().hit || meta.lut_bits != hdr.thc.bits || meta.lut_enc != hdr.thc.enc) {
-                    meta.drop = 1;
-                    meta.drop_reason = DROP_NO_TABLE;
+                    no_table = true;
                 }
             }
             if (meta.drop == 0) {
-                c_job_rx.count((bit<32>)meta.job_idx);
                 meta.idx = ((bit<32>)(meta.slot_base + (bit<16>)hdr.thc.slot) << 1) + (bit<32>)hdr.thc.shadow;
                 meta.lut_base = ((bit<32>)meta.job_idx << 10) + ((bit<32>)hdr.thc.aux[1:0] << 8);
 
@@ -277,7 +279,6 @@ control ThcIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
                     meta.drop = 1;
                     meta.drop_reason = DROP_STALE;
                 } else if (diff != 0) {
-                    r_seq.write(meta.idx, sq);
                     bitmap = me;
                     count = 1;
                     step = 1;
@@ -298,7 +299,20 @@ control ThcIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
                     count = count + 1;
                 }
 
+                // Any other packet without its table changes nothing and is counted as no table,
+                // a stale or duplicate one too (its table is what the sender got wrong).
+                if (no_table && !answer) {
+                    meta.drop = 1;
+                    meta.drop_reason = DROP_NO_TABLE;
+                    step = 0;
+                } else {
+                    c_job_rx.count((bit<32>)meta.job_idx);
+                }
+
                 if (step != 0) {
+                    if (diff != 0) {
+                        r_seq.write(meta.idx, sq);
+                    }
                     r_bitmap.write(meta.idx, bitmap);
                     r_count.write(meta.idx, count);
                     if (hdr.thc.type == THC_DATA_INDEX) {

@@ -335,13 +335,32 @@ class SwitchJob {
   void install_tables(const std::vector<TableInstall>& ts) {
     std::ostringstream c;
     for (const auto& t : ts) {
-      for (size_t z = 0; z < t.values.size(); ++z)
-        c << "register_write ThcIngress.r_lut " << job_idx_ * 1024 + t.tid * 256 + static_cast<int>(z) << " "
-          << static_cast<uint32_t>(t.values[z]) << "\n";
+      write_lut(c, t);
       c << "table_add ThcIngress.lut_meta ThcIngress.lut_ok " << job_idx_ << " " << t.tid << " => " << t.bits << " "
         << static_cast<int>(t.sum) << "\n";
     }
+    const std::string out = run_cli(c.str());
+    std::regex re("Entry has been added with handle ([0-9]+)");
+    size_t k = 0;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it, ++k)
+      if (k < ts.size()) lut_handles_[ts[k].tid] = std::stoi((*it)[1]);
+    EXPECT_EQ(k, ts.size()) << out;
+  }
+
+  // A client re-installs an id it used before (TABLE): thc-switchd rewrites T and modifies the
+  // lut_meta entry in place (CONTRACT.md).
+  void reinstall_table(const TableInstall& t) {
+    ASSERT_EQ(lut_handles_.count(t.tid), 1u);
+    std::ostringstream c;
+    write_lut(c, t);
+    c << "table_modify ThcIngress.lut_meta ThcIngress.lut_ok " << lut_handles_[t.tid] << " => " << t.bits << " "
+      << static_cast<int>(t.sum) << "\n";
     run_cli(c.str());
+  }
+  void remove_table(int tid) {
+    ASSERT_EQ(lut_handles_.count(tid), 1u);
+    run_cli("table_delete ThcIngress.lut_meta " + std::to_string(lut_handles_[tid]) + "\n");
+    lut_handles_.erase(tid);
   }
 
   int n() const { return static_cast<int>(workers_.size()); }
@@ -366,9 +385,16 @@ class SwitchJob {
   }
 
  private:
+  void write_lut(std::ostringstream& c, const TableInstall& t) const {
+    for (size_t z = 0; z < t.values.size(); ++z)
+      c << "register_write ThcIngress.r_lut " << job_idx_ * 1024 + t.tid * 256 + static_cast<int>(z) << " "
+        << static_cast<uint32_t>(t.values[z]) << "\n";
+  }
+
   proto::JobId id_;
   int job_idx_, slot_base_, nslots_;
   std::vector<Worker> workers_;
+  std::map<int, int> lut_handles_;  // table id -> lut_meta entry handle
 };
 
 // What a RESULT for packet (seq, op) of job j must say, to worker w.
@@ -609,6 +635,72 @@ TEST_F(P4DataPlane, Retransmissions) {
   barrier(j, 0, p[0], 1, e);
   barrier(j, 2, p[2], 1, e);
   EXPECT_EQ(read_counters({3}).results(3) - k0.results(3), 4u);  // one group send + three answers
+}
+
+// A table id re-installed (another b, sum type and values) or removed after its sets completed:
+// a retransmission to such a complete set still gets the stored result (CONTRACT.md, lut_meta: a
+// client recycles a table id once its own ops completed, while another worker whose RESULT was
+// lost may still retransmit). A packet that would add under the old table is refused and opens
+// nothing; the new table adds as installed.
+TEST_F(P4DataPlane, RetransmissionAfterTableReinstall) {
+  const int S = 4;
+  SwitchJob j(110, 8, 64, S, {0, 1, 2}, 42000);
+  j.install();
+  std::mt19937 rng(18);
+  auto table = [&](int tid, int bits, proto::WireInt sum) {
+    TableInstall t{tid, bits, sum, {}};
+    for (int z = 0; z < (1 << bits); ++z) t.values.push_back(static_cast<int32_t>(rng()));
+    return t;
+  };
+  const TableInstall t0 = table(0, 4, proto::WireInt::kU8), t1 = table(1, 2, proto::WireInt::kU16);
+  j.install_tables({t0, t1});
+  // Every worker sends seq with table t; the RESULT reaches them all. Returns it and the packets.
+  auto run_op = [&](uint64_t seq, const TableInstall& t, std::vector<std::vector<uint8_t>>* pkts) {
+    std::vector<std::vector<uint32_t>> contrib;
+    pkts->assign(static_cast<size_t>(j.n()), {});
+    for (int w = 0; w < j.n(); ++w) {
+      std::vector<uint8_t> codes(kLanes);
+      for (auto& c : codes) c = static_cast<uint8_t>(rng() & ((1u << t.bits) - 1));
+      std::vector<uint32_t> v(kLanes);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint32_t>(t.values[codes[i]]);
+      contrib.push_back(v);
+      (*pkts)[static_cast<size_t>(w)] = j.indices(w, seq, static_cast<uint32_t>(seq), t, codes);
+      j.send(w, (*pkts)[static_cast<size_t>(w)]);
+    }
+    const Expect e = sum_of(contrib, t.sum, seq, static_cast<uint32_t>(seq));
+    expect_result_all(j, e);
+    return e;
+  };
+  std::vector<std::vector<uint8_t>> p0, p1, p2s;
+  const Expect e0 = run_op(0, t0, &p0);  // slot 0, shadow 0
+  const Expect e1 = run_op(1, t1, &p1);  // slot 1, shadow 0
+  const Counters k0 = read_counters({8});
+
+  // Table id 0 now holds another table (b 8, i16); id 1 is gone.
+  const TableInstall t0b = table(0, 8, proto::WireInt::kI16);
+  j.reinstall_table(t0b);
+  j.remove_table(1);
+
+  // Workers 1 and 2 lost their RESULTs: the stored ones come back, whatever lut_meta says now.
+  j.send(1, proto::as_resend(p0[1], 1, j.id()));
+  j.send(2, proto::as_resend(p1[2], 1, j.id()));
+  expect_result(j, 1, e0);
+  expect_result(j, 2, e1);
+
+  // Worker 0 with the old table for seq 2S (the set of seq 0): refused, the set not reopened ...
+  j.send(0, j.indices(0, 2 * S, 2 * S, t0, std::vector<uint8_t>(kLanes, 1)));
+  EXPECT_EQ(wait_drops(kNoTable, k0.drop(kNoTable) + 1), k0.drop(kNoTable) + 1);
+  // ... it still answers for seq 0.
+  j.send(1, proto::as_resend(p0[1], 2, j.id()));
+  expect_result(j, 1, e0);
+
+  // The new table adds as installed, in the same set.
+  const Expect e2s = run_op(2 * S, t0b, &p2s);
+  const Counters k1 = read_counters({8});
+  EXPECT_EQ(k1.drop(kNoTable) - k0.drop(kNoTable), 1u);
+  EXPECT_EQ(k1.rx(8) - k0.rx(8), 3u + 3u);          // three answers, three contributions
+  EXPECT_EQ(k1.results(8) - k0.results(8), 3u + 1u);  // three answers, one group send
+  for (int w = 0; w < j.n(); ++w) barrier(j, w, p2s[static_cast<size_t>(w)], 1, e2s);
 }
 
 // Two shadow sets per slot: seq and seq + S use different sets, seq + 2S reuses the first (its
