@@ -96,6 +96,11 @@ def _is_numpy_bf16(a: Any) -> bool:
 def _bf16_views(x: Any, out: Any) -> Tuple[Any, Any, bool]:
     """NumPy bfloat16 (ml_dtypes) exports neither DLPack nor a buffer format: pass uint16 views
     of the same memory, and say that they hold bfloat16."""
+    for name, a in (("x", x), ("out", out)):
+        # NumPy exports non-native byte order through neither protocol; say why.
+        if isinstance(a, np.ndarray) and not a.dtype.isnative:
+            raise DtypeError(f"{name}: {a.dtype.str} is not in the machine's byte order (use a.astype(a.dtype.newbyteorder('='))",
+                             Status.INVALID_ARG)
     bx, bo = _is_numpy_bf16(x), out is not None and _is_numpy_bf16(out)
     if not bx and not bo:
         return x, out, False
