@@ -141,6 +141,20 @@ Array describe(const A& a, const char* name, bool bf16_bits) {
 using RoArray = nb::ndarray<nb::ro>;
 using RwArray = nb::ndarray<>;
 
+// Why an object is no array: its own __dlpack__ may say (a tensor that requires grad, a
+// producer that cannot export its dtype), else it has neither protocol.
+[[noreturn]] void not_an_array(nb::handle h, const char* name) {
+  std::string why = "expected an array with __dlpack__ or the buffer protocol, got " + py_type_name(h);
+  if (nb::hasattr(h, "__dlpack__")) {
+    try {
+      h.attr("__dlpack__")();
+    } catch (nb::python_error& e) {
+      why = py_type_name(h) + ".__dlpack__() failed: " + e.what();
+    }
+  }
+  raise(THC_ERR_INVALID_ARG, std::string(name) + ": " + why, "array");
+}
+
 // The writable view of an output; a clear error for read-only objects and non-arrays.
 RwArray import_rw(nb::handle h, const char* name) {
   RwArray a;
@@ -149,15 +163,13 @@ RwArray import_rw(nb::handle h, const char* name) {
   if (nb::try_cast(h, ro, false))
     raise(THC_ERR_INVALID_ARG, std::string(name) + " (" + py_type_name(h) + ") is read-only: the result needs a writable array (pass out=)",
           "array");
-  raise(THC_ERR_INVALID_ARG,
-        std::string(name) + ": expected an array with __dlpack__ or the buffer protocol, got " + py_type_name(h), "array");
+  not_an_array(h, name);
 }
 
 RoArray import_ro(nb::handle h, const char* name) {
   RoArray a;
   if (nb::try_cast(h, a, false)) return a;
-  raise(THC_ERR_INVALID_ARG,
-        std::string(name) + ": expected an array with __dlpack__ or the buffer protocol, got " + py_type_name(h), "array");
+  not_an_array(h, name);
 }
 
 bool on_device(const Array& a) { return a.device_type == kDevCuda || a.device_type == kDevCudaManaged; }

@@ -178,6 +178,19 @@ def test_dlpack_producer_in_place_and_out():
     assert np.array_equal(ys[0], ys[1]) and rel_err(ys[0], exact) < 0.3
 
 
+class RefusesExport:
+    def __dlpack__(self, stream=None):
+        raise BufferError("this producer cannot export its memory")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_a_producers_refusal_is_in_the_message(comm1):
+    with pytest.raises(thc.ArrayError, match="cannot export its memory"):
+        comm1.allreduce(RefusesExport())
+
+
 def test_buffer_protocol_objects():
     """array.array: float32 ('f') and float64 ('d') through the buffer protocol only."""
     g = thc.InprocGroup(2)
