@@ -415,6 +415,20 @@ class HierComm final : public capi::Composite {
     account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
   }
 
+  // A call the C API refused on this rank (requests.cc): its place in the first exchange, with the
+  // fields of no call (the failure decides the outcome before they are compared).
+  void fail_call(Status why, const std::string& msg) override {
+    w_.check_usable();
+    round_++;
+    const Error own(why == Status::kSuccess ? Status::kInternal : why, msg);
+    const std::vector<Field> fields = {{"the codec", 0}, {"the count", 0}, {"the op", 0}, {"the chunking", 0},
+                                       {"the algorithm", 0}, {"downstream re-compression", 0},
+                                       {"the call sequence", 0}};
+    std::vector<uint32_t> hdr = words(fields, rank_, &own);
+    w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
+    judge(hdr.data(), fields, rank_, &own, "this call before exchanging");
+  }
+
  private:
   const codec::Codec& codec_for(codec::Scheme scheme) {
     auto it = codecs_.find(static_cast<int>(scheme));

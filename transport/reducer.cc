@@ -100,3 +100,24 @@ void lookup_add(const LookupTable& table, const uint8_t* packed, uint64_t first,
 }
 
 }  // namespace thc::transport
+
+namespace thc::transport {
+
+std::unique_ptr<Request> Reducer::start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
+                                                           const std::vector<uint64_t>& bounds) {
+  (void)bounds;
+  return start_sum(data, count, type);
+}
+
+std::unique_ptr<Request> Reducer::start_lookup_reduce_scatter(const uint8_t* packed, uint64_t count,
+                                                              const LookupTable& table, void* sums, IntType type,
+                                                              const std::vector<uint64_t>& bounds) {
+  (void)bounds;
+  return start_lookup_sum(packed, count, table, sums, type, nullptr);
+}
+
+std::unique_ptr<Request> Reducer::start_allgather(uint8_t* buf, const std::vector<uint64_t>& bounds) {
+  return start_sum(buf, bounds.empty() ? 0 : bounds.back(), IntType::kU8);
+}
+
+}  // namespace thc::transport

@@ -129,6 +129,7 @@ thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const th
 }
 
 thc_status_t thc_comm_destroy(thc_comm_t comm) {
+  if (comm) thc::capi::drain(comm);  // the nonblocking calls in flight first
   if (comm && comm->engine && comm->engine->config().debug) {
     // THC_DEBUG: what the transport saw (aggregator clients: packets, retransmissions, window,
     // round trips), one line per rank.
@@ -215,11 +216,14 @@ thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void
     const auto sch = static_cast<thc::codec::Scheme>(scheme);
     const thc::engine::DType dt = thc::capi::to_dtype(dtype);
     thc::engine::ErrorFeedback* ef = state ? &state->ef : nullptr;
-    if (comm->engine) {
-      comm->engine->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
-    } else {
-      comm->composite->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
-    }
+    // After the nonblocking calls in flight on comm, if any (requests.cc).
+    thc::capi::run_ordered(comm, [&] {
+      if (comm->engine) {
+        comm->engine->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
+      } else {
+        comm->composite->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
+      }
+    });
   });
 }
 
@@ -251,6 +255,8 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats) {
     stats->packets = s.packets;
     stats->retransmissions = s.retransmissions;
     stats->hier_hosts = comm->composite ? comm->composite->hosts() : 0;
+    stats->groups = s.groups;
+    stats->grouped_tensors = s.grouped_tensors;
   });
 }
 

@@ -36,6 +36,15 @@ struct ErrorFeedback {
 
 enum class Algo { kInt, kPs };
 
+// One tensor of a call on several (a group; the shards of reduce-scatter and allgather).
+struct Tensor {
+  const void* send = nullptr;  // nullptr or THC_IN_PLACE: in place (recv)
+  void* recv = nullptr;
+  uint64_t count = 0;
+  DType dtype = DType::kF32;
+  ErrorFeedback* ef = nullptr;
+};
+
 // What one call needs beyond its buffers, shared by the host and device paths.
 struct CallPlan {
   codec::Scheme scheme = codec::Scheme::kThc;
@@ -51,6 +60,9 @@ struct CallPlan {
   uint64_t digest = 0;                                  // hash of everything that must agree
   uint64_t chunk_blocks = 1;                            // pipelining unit
   bool round_by_max = false;  // ranks agree on the newest call round (aggregator jobs with stragglers)
+  // Calls on several tensors (stream.cc): which collective and the tensors' counts in order (0 for
+  // a call on one tensor), agreed in the first exchange like the count.
+  uint64_t tensors_digest = 0;
 };
 
 // A block range of a chunk whose sums share one contributor set (a backend that splits an
@@ -73,6 +85,8 @@ struct EngineStats {
   uint64_t retransmissions = 0;
   bool measured_wire = false;    // wire bytes are counted datagrams, not a model
   Algo last_algo = Algo::kInt;
+  uint64_t groups = 0;           // calls on several tensors as one stream (stream.cc)
+  uint64_t grouped_tensors = 0;
 };
 
 class Engine {
@@ -90,6 +104,27 @@ class Engine {
   void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, DType dtype,
                  bool mean, ErrorFeedback* ef);
 
+  // Several tensors as one stream (stream.cc): one first exchange, one pipeline of chunks over
+  // every tensor's blocks; tensor i (of those with count > 0) runs as call round r + i, so its
+  // result is what allreduce would return for it as the i-th of that many calls. Host buffers.
+  void allreduce_group(codec::Scheme scheme, const Tensor* ts, size_t n, bool mean);
+  // Compressed reduce-scatter: send holds counts[0..size()) elements (shard q = the counts[q]
+  // after sum(counts[0..q))); this rank's shard of the decoded sum goes to recv. Each shard is a
+  // tensor of the stream (as in allreduce_group); rank q's result is bit-identical to its shard's
+  // in allreduce_group. send == nullptr / THC_IN_PLACE: input in recv, shard written at its front.
+  // ef: residual of the whole input.
+  void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, DType dtype,
+                      bool mean, ErrorFeedback* ef);
+  // Lossy allgather: rank q's counts[q] elements (send) encoded once by rank q (index form),
+  // decoded by every rank into recv at offset sum(counts[0..q)). ef: this rank's shard's residual.
+  // send == nullptr / THC_IN_PLACE: own shard read from its place in recv.
+  void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, DType dtype,
+                 ErrorFeedback* ef);
+  // A call that failed on this rank before the engine saw it (an argument the C API refused):
+  // counts it as `calls` calls and takes part in its first exchange, so every rank fails it with
+  // `why`.
+  void fail_call(Status why, uint32_t calls);
+
   // The parts of allreduce the device path shares (device.h).
   // A call's plan; advances the call counter that freshens the randomness.
   CallPlan plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean);
@@ -98,7 +133,7 @@ class Engine {
     const char* what;
     uint64_t value;
   };
-  static constexpr size_t kPreludeFields = 7;
+  static constexpr size_t kPreludeFields = 8;
   static std::array<PreludeField, kPreludeFields> prelude_fields(const CallPlan& plan);
   // pre: plan.lay.nblocks statistics (float bits) followed by kPreludeCheck words (room the
   // device prelude fills; ignored here). First a fixed-size MAX whatever the count: failures of
@@ -133,6 +168,9 @@ class Engine {
   std::unique_ptr<HostCodec> host_;        // the host path's codec scratch and THC_THREADS workers
 
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
+  // stream.cc: the pipeline of allreduce_group, reduce_scatter and allgather.
+  struct Stream;
+  void run_stream(Stream& st);
 };
 
 }  // namespace thc::engine

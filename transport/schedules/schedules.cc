@@ -263,19 +263,24 @@ class Sched : public Request {
 };
 
 // ---- index form: pairwise reduce-scatter of packed indices + lookup-sum + pairwise allgather.
+// With `bounds` the shards are the caller's (a compressed reduce-scatter: shard q is rank q's
+// part of the result), and without `gather` the allgather is left out: each rank ends with its
+// own shard's sums only.
 class PsSum final : public Sched {
  public:
   PsSum(std::shared_ptr<Shared> sh, const uint8_t* packed, uint64_t count, const LookupTable& table, void* sums,
-        IntType type, const DownstreamCodec* down)
-      : Sched(std::move(sh), "parameter server (reduce-scatter of indices, allgather of sums)"),
+        IntType type, const DownstreamCodec* down, const std::vector<uint64_t>* bounds = nullptr, bool gather = true)
+      : Sched(std::move(sh), gather ? "parameter server (reduce-scatter of indices, allgather of sums)"
+                                    : "reduce-scatter of indices (lookup-sum on each shard's owner)"),
         n_(link().size()), r_(link().rank()), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
-        type_(type), w_(codec::int_size(type)), down_(down) {
+        type_(type), w_(codec::int_size(type)), down_(down), gather_(gather) {
     const int b = table.bits;
     // Shards are multiples of 8 elements, so every shard and piece starts on a byte of the packed
     // stream.
     const uint64_t groups = (count + 7) / 8;
     off_.resize(static_cast<size_t>(n_) + 1);
     for (int q = 0; q <= n_; ++q) off_[q] = std::min(count, (groups * static_cast<uint64_t>(q) / n_) * 8);
+    if (bounds) off_ = *bounds;
     const uint64_t pe = std::max<uint64_t>(8, opt().piece_bytes / w_ / 8 * 8);
     pieces_.resize(n_);
     enc_off_.resize(n_);
@@ -304,6 +309,7 @@ class PsSum final : public Sched {
         post_recv(Act::kRecvA, from, tag(0), rin_.data() + static_cast<size_t>(s - 1) * my_bytes + rel * b / 8,
                   (mine[k].count * b + 7) / 8, static_cast<uint32_t>(k));
       }
+      if (!gather_) continue;
       for (size_t k = 0; k < pieces_[from].size(); ++k)
         post_recv(Act::kRecvB, from, tag(1), gath_.data() + enc_off_[from][k], piece_bytes(from, k),
                   static_cast<uint32_t>(k));
@@ -370,7 +376,8 @@ class PsSum final : public Sched {
       std::memcpy(out, acc, p.count * w_);
       std::memcpy(sums_ + p.first * w_, acc, p.count * w_);
     }
-    for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
+    if (gather_)
+      for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
     ++reduced_;
   }
   bool result_ready() const override { return reduced_ == pieces_[r_].size() && gathered_ == gathered_need_; }
@@ -387,6 +394,7 @@ class PsSum final : public Sched {
   IntType type_;
   size_t w_;
   const DownstreamCodec* down_;
+  bool gather_;
   std::vector<uint64_t> off_;
   std::vector<std::vector<Piece>> pieces_;
   std::vector<std::vector<uint64_t>> enc_off_;
@@ -402,15 +410,27 @@ class PsSum final : public Sched {
 // neighbour in the order the neighbour posted its receives: step by step, piece by piece within a
 // step (a cursor per phase; a send waits for its predecessors). Receives may complete in any
 // order; each is acted upon at once.
+//
+// With `bounds` rank q's part of the result is the caller's range q (the ring ends with rank r
+// holding segment r + 1, so segment q + 1 is range q), and without `gather` the allgather is left
+// out: a reduce-scatter, each rank ending with its own range's sums.
 class RingSum final : public Sched {
  public:
-  RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type)
-      : Sched(std::move(sh), "integer sum (ring reduce-scatter + allgather)"), n_(link().size()), r_(link().rank()),
-        data_(static_cast<uint8_t*>(data)), count_(count), type_(type), w_(codec::int_size(type)) {
+  RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type,
+          const std::vector<uint64_t>* bounds = nullptr, bool gather = true)
+      : Sched(std::move(sh), gather ? "integer sum (ring reduce-scatter + allgather)" : "integer sum (ring reduce-scatter)"),
+        n_(link().size()), r_(link().rank()), data_(static_cast<uint8_t*>(data)), count_(count), type_(type),
+        w_(codec::int_size(type)), gather_(gather) {
     const uint64_t pe = std::max<uint64_t>(1, opt().piece_bytes / w_);
     seg_.resize(n_);
-    for (int i = 0; i < n_; ++i)
-      seg_[i] = cut(count * static_cast<uint64_t>(i) / n_, count * static_cast<uint64_t>(i + 1) / n_, pe);
+    for (int i = 0; i < n_; ++i) {
+      if (bounds) {
+        const int q = (i - 1 + n_) % n_;
+        seg_[i] = cut((*bounds)[q], (*bounds)[q + 1], pe);
+      } else {
+        seg_[i] = cut(count * static_cast<uint64_t>(i) / n_, count * static_cast<uint64_t>(i + 1) / n_, pe);
+      }
+    }
     if (n_ == 1) {
       finish_now();
       return;
@@ -443,7 +463,7 @@ class RingSum final : public Sched {
     }
     // Allgather: at step s this rank sends segment r+1-s (its own reduced one first) and receives
     // segment r-s into out_, which it forwards at step s+1.
-    for (int s = 0; s < n_ - 1; ++s) {
+    for (int s = 0; s < n_ - 1 && gather_; ++s) {
       const std::vector<Piece>& ps = seg_[mod(r_ - s)];
       for (size_t k = 0; k < ps.size(); ++k) {
         post_recv(Act::kRecvB, left_, tag(1), out_.data() + ps[k].first * w_, ps[k].count * w_, index(s, k));
@@ -472,8 +492,12 @@ class RingSum final : public Sched {
         rs_ready_[s + 1][k] = 1;
       } else {
         // Segment r+1 is complete here: this rank's result for it, and the allgather's first send.
-        std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
-        ag_ready_[0][k] = 1;
+        if (gather_) {
+          std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
+          ag_ready_[0][k] = 1;
+        } else {
+          std::memcpy(data_ + p.first * w_, work_.data() + p.first * w_, p.count * w_);
+        }
         ++own_done_;
       }
     } else {
@@ -484,6 +508,10 @@ class RingSum final : public Sched {
     maybe_copy();
   }
   void maybe_copy() {
+    if (!gather_) {
+      copied_ = own_done_ == own_need_;
+      return;
+    }
     if (own_done_ == own_need_ && ag_got_ == ag_need_ && !copied_) {
       // out_ holds every segment and no receive writes it any more (sends may still read it).
       if (count_) std::memcpy(data_, out_.data(), count_ * w_);
@@ -527,6 +555,7 @@ class RingSum final : public Sched {
   uint64_t count_;
   IntType type_;
   size_t w_;
+  bool gather_;
   int left_ = 0, right_ = 0;
   std::vector<std::vector<Piece>> seg_;
   std::vector<std::vector<uint64_t>> tmp_off_;
@@ -538,6 +567,71 @@ class RingSum final : public Sched {
   uint64_t ag_got_ = 0, ag_need_ = 0;
   bool copied_ = false;
 };
+
+// ---- allgather of bytes: every rank sends its range to every peer in pairwise order (step s:
+// to r+s, from r-s), piece by piece; received pieces land in the request's buffer and are copied
+// out as they arrive.
+class PairGather final : public Sched {
+ public:
+  PairGather(std::shared_ptr<Shared> sh, uint8_t* buf, const std::vector<uint64_t>& bounds)
+      : Sched(std::move(sh), "allgather (pairwise)"), n_(link().size()), r_(link().rank()), buf_(buf), off_(bounds) {
+    if (n_ == 1) {
+      finish_now();
+      return;
+    }
+    const uint64_t pe = std::max<uint64_t>(64, opt().piece_bytes);
+    pieces_.resize(n_);
+    for (int q = 0; q < n_; ++q) pieces_[q] = cut(off_[q], off_[q + 1], pe);
+    in_.assign(buf + off_[r_], buf + off_[r_ + 1]);
+    gath_.resize(off_[n_] + 1);
+    for (int s = 1; s < n_; ++s) {
+      const int from = (r_ - s + n_) % n_;
+      for (size_t k = 0; k < pieces_[from].size(); ++k) {
+        const Piece& p = pieces_[from][k];
+        post_recv(Act::kRecvA, from, tag(0), gath_.data() + p.first, p.count, static_cast<uint32_t>(k));
+        ++need_;
+      }
+    }
+    for (size_t k = 0; k < pieces_[r_].size(); ++k)
+      for (int s = 1; s < n_; ++s) {
+        const Piece& p = pieces_[r_][k];
+        send((r_ + s) % n_, tag(0), in_.data() + (p.first - off_[r_]), p.count, 0);
+      }
+    finish_now();
+  }
+  ~PairGather() override { shutdown(); }
+
+ private:
+  void on_recv(Act act, int peer, uint32_t index) override {
+    (void)act;
+    const Piece& p = pieces_[peer][index];
+    std::memcpy(buf_ + p.first, gath_.data() + p.first, p.count);
+    ++got_;
+  }
+  bool result_ready() const override { return n_ == 1 || got_ == need_; }
+  void park() override {
+    keep_forever(std::move(in_));
+    keep_forever(std::move(gath_));
+  }
+
+  int n_, r_;
+  uint8_t* buf_;
+  std::vector<uint64_t> off_;
+  std::vector<std::vector<Piece>> pieces_;
+  std::vector<uint8_t> in_, gath_;
+  uint64_t need_ = 0, got_ = 0;
+};
+
+// Reduce-scatter and allgather bounds: size() + 1 offsets from 0 to count, non-decreasing,
+// multiples of 8 (whole bytes of packed indices).
+void check_bounds(const std::vector<uint64_t>& b, int n, uint64_t count, bool by8) {
+  bool ok = b.size() == static_cast<size_t>(n) + 1 && b.front() == 0 && b.back() == count;
+  for (size_t i = 0; ok && i + 1 < b.size(); ++i) ok = b[i] <= b[i + 1] && (!by8 || b[i] % 8 == 0);
+  if (!ok)
+    fail(Status::kInvalidArgument, "reduce-scatter/allgather: bounds must be " + std::to_string(n + 1) +
+                                       " non-decreasing offsets from 0 to " + std::to_string(count) +
+                                       (by8 ? ", multiples of 8" : ""));
+}
 
 class ScheduledReducer final : public Reducer {
  public:
@@ -572,6 +666,26 @@ class ScheduledReducer final : public Reducer {
     if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
       fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
     return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, down);
+  }
+  std::unique_ptr<Request> start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
+                                                    const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    check_bounds(bounds, size(), count, false);
+    return std::make_unique<RingSum>(sh_, data, count, type, &bounds, false);
+  }
+  std::unique_ptr<Request> start_lookup_reduce_scatter(const uint8_t* packed, uint64_t count, const LookupTable& table,
+                                                       void* sums, IntType type,
+                                                       const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
+      fail(Status::kInvalidArgument, "lookup reduce-scatter: the table needs 2^bits values, bits in 1..8");
+    check_bounds(bounds, size(), count, true);
+    return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, nullptr, &bounds, false);
+  }
+  std::unique_ptr<Request> start_allgather(uint8_t* buf, const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    check_bounds(bounds, size(), bounds.empty() ? 0 : bounds.back(), false);
+    return std::make_unique<PairGather>(sh_, buf, bounds);
   }
 
  private:
