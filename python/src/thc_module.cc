@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -194,11 +195,22 @@ struct InprocGroup {
   InprocGroup& operator=(const InprocGroup&) = delete;
 };
 
+// A call's buffers and the Python objects it needs until it completes (DLPack/buffer exports,
+// error-feedback states, the result handed back).
+struct Hold {
+  std::vector<RoArray> ro;
+  std::vector<RwArray> rw;
+  std::vector<nb::object> keep;
+};
+
 class Comm {
  public:
   explicit Comm(thc_comm_t c) : c_(c) {}
   ~Comm() {
-    if (c_) thc_comm_destroy(c_);
+    if (c_) {
+      nb::gil_scoped_release nogil;  // waits for the calls in flight
+      thc_comm_destroy(c_);
+    }
   }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -221,21 +233,169 @@ class Comm {
     Comm& c_;
   };
 
+  // thc_comm_destroy waits for the calls in flight (their requests stay valid), so the GIL is
+  // released for it, and mu_ is not held then (a thread holding the GIL may be waiting on it).
   void close() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (users_ > 0) raise(THC_ERR_INVALID_ARG, "close(): a call on this communicator is still running");
-    if (c_) thc_comm_destroy(c_);
-    c_ = nullptr;
+    thc_comm_t c;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (users_ > 0) raise(THC_ERR_INVALID_ARG, "close(): a call on this communicator is still running");
+      c = c_;
+      c_ = nullptr;
+    }
+    if (c) {
+      nb::gil_scoped_release nogil;
+      thc_comm_destroy(c);
+    }
+    orphans_.clear();  // every call has ended
   }
   bool closed() {
     std::lock_guard<std::mutex> lk(mu_);
     return c_ == nullptr;
   }
 
+  // Nonblocking calls, in start order (GIL held for all of these).
+  uint64_t next_seq() { return seq_++; }
+  // A request dropped before completion: libthc lets it run on, so its buffers stay referenced
+  // until a later call is known to have ended (calls on a communicator end in start order) or
+  // the communicator is closed.
+  void orphan(uint64_t seq, Hold&& h) {
+    if (closed()) return;
+    orphans_.emplace_back(seq, std::move(h));
+  }
+  // Every call started before `seq` has ended.
+  void ended_before(uint64_t seq) {
+    std::vector<std::pair<uint64_t, Hold>> keep;
+    for (auto& o : orphans_)
+      if (o.first >= seq) keep.push_back(std::move(o));
+    orphans_.swap(keep);
+  }
+  void all_ended() { orphans_.clear(); }
+  size_t orphans() const { return orphans_.size(); }
+
  private:
   std::mutex mu_;
   thc_comm_t c_ = nullptr;
   int users_ = 0;
+  uint64_t seq_ = 0;
+  std::vector<std::pair<uint64_t, Hold>> orphans_;
+};
+
+// A started nonblocking call. Completing it (test() saying done, wait(), waitall) releases its
+// buffers; a failure is raised there, and again by every later wait()/test() (it is not lost).
+class Request {
+ public:
+  Request(nb::object comm, uint64_t seq, thc_request_t r, Hold&& h, nb::object result)
+      : comm_(std::move(comm)), seq_(seq), r_(r), hold_(std::move(h)), result_(std::move(result)) {}
+  ~Request() {
+    if (r_ != THC_REQUEST_NULL) {
+      thc_request_free(&r_);
+      nb::cast<Comm&>(comm_).orphan(seq_, std::move(hold_));
+    }
+  }
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  bool test() {
+    {
+      std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+      if (!lk.owns_lock()) return false;  // another thread is waiting on it: not done yet
+      if (r_ != THC_REQUEST_NULL) {
+        int done = 0;
+        const thc_status_t st = thc_test(&r_, &done);
+        if (!done && st == THC_SUCCESS) return false;
+        record(st);
+      }
+    }
+    finish();
+    return true;
+  }
+
+  nb::object wait() {
+    {
+      nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (r_ != THC_REQUEST_NULL) record(thc_wait(&r_));
+    }
+    finish();
+    return result_;
+  }
+
+  bool done() {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    return lk.owns_lock() && r_ == THC_REQUEST_NULL;
+  }
+
+  // thc_waitall over several requests (each distinct one locked, in address order).
+  static nb::list waitall(const std::vector<Request*>& reqs) {
+    std::vector<Request*> uniq(reqs.begin(), reqs.end());
+    std::sort(uniq.begin(), uniq.end());
+    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+    {
+      nb::gil_scoped_release nogil;
+      std::vector<std::unique_lock<std::mutex>> locks;
+      for (Request* q : uniq) locks.emplace_back(q->mu_);
+      std::vector<Request*> pending;
+      std::vector<thc_request_t> handles;
+      for (Request* q : uniq)
+        if (q->r_ != THC_REQUEST_NULL) {
+          pending.push_back(q);
+          handles.push_back(q->r_);
+        }
+      std::vector<thc_status_t> st(handles.size(), THC_SUCCESS);
+      thc_waitall(handles.size(), handles.data(), st.data());
+      // thc_last_error() describes the first failure only; the others get their status's text.
+      bool first = true;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        pending[i]->r_ = THC_REQUEST_NULL;
+        if (st[i] != THC_SUCCESS) {
+          pending[i]->status_ = st[i];
+          pending[i]->message_ = first ? thc_last_error() : thc_status_string(st[i]);
+          first = false;
+        }
+      }
+    }
+    nb::list out;
+    StatusError* failure = nullptr;
+    for (Request* q : reqs) {
+      q->finish_quietly();
+      if (q->status_ != THC_SUCCESS && !failure) failure = new StatusError{q->status_, q->message_};
+      out.append(q->result_);
+    }
+    if (failure) {
+      StatusError e = *failure;
+      delete failure;
+      throw e;
+    }
+    return out;
+  }
+
+ private:
+  void record(thc_status_t st) {
+    status_ = st;
+    if (st != THC_SUCCESS) message_ = thc_last_error();
+  }
+  // With the GIL: let go of the buffers once, then raise a failure.
+  void finish() {
+    finish_quietly();
+    if (status_ != THC_SUCCESS) raise(status_, message_);
+  }
+  void finish_quietly() {
+    if (finished_) return;
+    finished_ = true;
+    hold_ = Hold{};
+    if (status_ == THC_SUCCESS) nb::cast<Comm&>(comm_).ended_before(seq_);
+  }
+
+  std::mutex mu_;
+  nb::object comm_;
+  uint64_t seq_;
+  thc_request_t r_;
+  Hold hold_;
+  nb::object result_;
+  bool finished_ = false;
+  thc_status_t status_ = THC_SUCCESS;
+  std::string message_;
 };
 
 Comm* create_inproc(InprocGroup& g, int rank, const Knobs& knobs) {
@@ -307,53 +467,255 @@ nb::dict stats_dict(const thc_stats_t& s) {
   d["packets"] = s.packets;
   d["retransmissions"] = s.retransmissions;
   d["hier_hosts"] = s.hier_hosts;
+  d["groups"] = s.groups;
+  d["grouped_tensors"] = s.grouped_tensors;
   return d;
 }
 
-// src and dst of one call, checked against each other. dst is None: in place (src is written).
+// src and dst of one call, checked against each other. out None: in place (x is written).
 struct Operands {
-  std::optional<RoArray> src_hold;
-  RwArray dst_hold;
   Array src, dst;
+  bool in_place = false;
 };
 
-Operands operands(nb::handle x, nb::handle out, bool bf16_bits) {
+Operands operands(nb::handle x, nb::handle out, bool bf16_bits, Hold* hold) {
   Operands o;
   if (out.is_none()) {
-    o.dst_hold = import_rw(x, "x");
-    o.dst = describe(o.dst_hold, "x", bf16_bits);
+    hold->rw.push_back(import_rw(x, "x"));
+    o.dst = describe(hold->rw.back(), "x", bf16_bits);
     o.src = o.dst;
+    o.in_place = true;
     return o;
   }
-  o.src_hold = import_ro(x, "x");
-  o.src = describe(*o.src_hold, "x", bf16_bits);
-  o.dst_hold = import_rw(out, "out");
-  o.dst = describe(o.dst_hold, "out", bf16_bits);
-  if (o.src.dtype != o.dst.dtype)
-    raise(THC_ERR_INVALID_ARG, "out must have the dtype of x", "dtype");
+  hold->ro.push_back(import_ro(x, "x"));
+  o.src = describe(hold->ro.back(), "x", bf16_bits);
+  hold->rw.push_back(import_rw(out, "out"));
+  o.dst = describe(hold->rw.back(), "out", bf16_bits);
+  if (o.src.dtype != o.dst.dtype) raise(THC_ERR_INVALID_ARG, "out must have the dtype of x", "dtype");
   if (on_device(o.src) != on_device(o.dst) || (on_device(o.src) && o.src.device_id != o.dst.device_id))
     raise(THC_ERR_INVALID_ARG, "x and out must be on the same device", "array");
   // Identical buffers are an in-place call; a partial overlap would read what the call wrote.
   const auto* s0 = static_cast<const char*>(o.src.data);
   const auto* d0 = static_cast<const char*>(o.dst.data);
-  if (s0 != d0 && s0 < d0 + o.dst.bytes && d0 < s0 + o.src.bytes)
+  if (s0 == d0) {
+    o.in_place = true;
+  } else if (s0 < d0 + o.dst.bytes && d0 < s0 + o.src.bytes) {
     raise(THC_ERR_INVALID_ARG, "x and out overlap without being the same array", "array");
+  }
   return o;
 }
 
-void allreduce(Comm& comm, nb::handle x, nb::handle out, int scheme, int op, State* state, bool bf16_bits) {
-  Operands o = operands(x, out, bf16_bits);
+void same_count(const Operands& o) {
   if (o.src.count != o.dst.count)
     raise(THC_ERR_INVALID_ARG,
           "out has " + std::to_string(o.dst.count) + " elements, x has " + std::to_string(o.src.count), "array");
-  Comm::Use use(comm);
+}
+
+void host_only(const Array& a, const char* what) {
+  if (on_device(a))
+    raise(THC_ERR_UNSUPPORTED, std::string(what) + " takes host memory (device arrays: allreduce and iallreduce)");
+}
+
+thc_state_t state_of(nb::handle st) { return st.is_none() ? nullptr : nb::cast<State&>(st).s; }
+
+// A blocking call: GIL released; calls started before it have ended once it returns.
+template <typename F>
+void blocking(Comm& comm, F&& fn) {
   thc_status_t st;
   {
+    Comm::Use use(comm);
     nb::gil_scoped_release nogil;
-    st = thc_allreduce_scheme(static_cast<thc_scheme_t>(scheme), o.src.data, o.dst.data, o.src.count, o.src.dtype,
-                              static_cast<thc_op_t>(op), use.get(), state ? state->s : nullptr);
+    st = fn(use.get());
   }
   check(st);
+  comm.all_ended();
+}
+
+// A nonblocking start: the request keeps `hold` (buffers, states) and hands back `result`.
+template <typename F>
+Request* start(nb::handle comm_obj, Hold&& hold, nb::object result, F&& fn) {
+  Comm& comm = nb::cast<Comm&>(comm_obj);
+  thc_request_t r = THC_REQUEST_NULL;
+  thc_status_t st;
+  {
+    Comm::Use use(comm);
+    nb::gil_scoped_release nogil;
+    st = fn(use.get(), &r);
+  }
+  check(st);
+  return new Request(nb::borrow(comm_obj), comm.next_seq(), r, std::move(hold), std::move(result));
+}
+
+nb::object result_of(nb::handle x, nb::handle out) { return nb::borrow(out.is_none() ? x : out); }
+
+void allreduce(nb::handle comm, nb::handle x, nb::handle out, int scheme, int op, nb::handle state, bool bf16_bits) {
+  Hold h;
+  const Operands o = operands(x, out, bf16_bits, &h);
+  same_count(o);
+  thc_state_t ef = state_of(state);
+  blocking(nb::cast<Comm&>(comm), [&](thc_comm_t c) {
+    return thc_allreduce_scheme(static_cast<thc_scheme_t>(scheme), o.src.data, o.dst.data, o.src.count, o.src.dtype,
+                                static_cast<thc_op_t>(op), c, ef);
+  });
+}
+
+Request* iallreduce(nb::handle comm, nb::handle x, nb::handle out, int scheme, int op, nb::handle state,
+                    bool bf16_bits) {
+  Hold h;
+  const Operands o = operands(x, out, bf16_bits, &h);
+  same_count(o);
+  thc_state_t ef = state_of(state);
+  if (!state.is_none()) h.keep.push_back(nb::borrow(state));
+  return start(comm, std::move(h), result_of(x, out), [&](thc_comm_t c, thc_request_t* r) {
+    return thc_iallreduce_scheme(static_cast<thc_scheme_t>(scheme), o.src.data, o.dst.data, o.src.count, o.src.dtype,
+                                 static_cast<thc_op_t>(op), c, ef, r);
+  });
+}
+
+// ---- groups: several tensors, one stream
+
+struct Group {
+  std::vector<thc_tensor_t> tensors;
+};
+
+using OptList = std::optional<nb::list>;
+
+Group group_operands(const nb::list& xs, const OptList& outs, const OptList& states, const std::vector<bool>& bf16,
+                     Hold* hold) {
+  const size_t n = nb::len(xs);
+  if (outs && nb::len(*outs) != n) raise(THC_ERR_INVALID_ARG, "outs must have one array per tensor", "array");
+  if (states && nb::len(*states) != n) raise(THC_ERR_INVALID_ARG, "states must have one State (or None) per tensor");
+  if (bf16.size() != n) raise(THC_ERR_INTERNAL, "bf16_bits must have one flag per tensor");
+  Group g;
+  for (size_t i = 0; i < n; ++i) {
+    const nb::object out = outs ? nb::object((*outs)[i]) : nb::none();
+    const Operands o = operands(xs[i], out, bf16[i], hold);
+    same_count(o);
+    host_only(o.src, "a group");
+    thc_tensor_t t{};
+    t.sendbuf = o.in_place ? THC_IN_PLACE : o.src.data;
+    t.recvbuf = o.dst.data;
+    t.count = o.src.count;
+    t.dtype = o.src.dtype;
+    if (states) {
+      const nb::object st = (*states)[i];
+      t.state = state_of(st);
+      if (!st.is_none()) hold->keep.push_back(st);
+    }
+    g.tensors.push_back(t);
+  }
+  return g;
+}
+
+void allreduce_group(nb::handle comm, const nb::list& xs, const OptList& outs, int scheme, int op,
+                     const OptList& states, const std::vector<bool>& bf16) {
+  Hold h;
+  const Group g = group_operands(xs, outs, states, bf16, &h);
+  blocking(nb::cast<Comm&>(comm), [&](thc_comm_t c) {
+    return thc_allreduce_group(static_cast<thc_scheme_t>(scheme), g.tensors.data(), g.tensors.size(),
+                               static_cast<thc_op_t>(op), c);
+  });
+}
+
+Request* iallreduce_group(nb::handle comm, const nb::list& xs, const OptList& outs, int scheme, int op,
+                          const OptList& states, const std::vector<bool>& bf16) {
+  Hold h;
+  const Group g = group_operands(xs, outs, states, bf16, &h);
+  nb::object result = outs ? nb::object(*outs) : nb::object(xs);
+  return start(comm, std::move(h), std::move(result), [&](thc_comm_t c, thc_request_t* r) {
+    return thc_iallreduce_group(static_cast<thc_scheme_t>(scheme), g.tensors.data(), g.tensors.size(),
+                                static_cast<thc_op_t>(op), c, r);
+  });
+}
+
+// ---- reduce-scatter and allgather: shards of `counts`, one per rank
+
+struct Shards {
+  Operands o;
+  std::vector<size_t> counts;
+};
+
+Shards shard_operands(nb::handle comm, nb::handle x, nb::handle out, const std::vector<size_t>& counts, bool scatter,
+                      bool bf16_bits, Hold* hold) {
+  Comm& c = nb::cast<Comm&>(comm);
+  int rank = 0, size = 0;
+  {
+    Comm::Use use(c);
+    check(thc_comm_rank(use.get(), &rank));
+    check(thc_comm_size(use.get(), &size));
+  }
+  if (counts.size() != static_cast<size_t>(size))
+    raise(THC_ERR_INVALID_ARG,
+          "counts must have one entry per rank (" + std::to_string(size) + "), has " + std::to_string(counts.size()));
+  if (out.is_none()) raise(THC_ERR_INVALID_ARG, "out is required here", "array");
+  Shards s{operands(x, out, bf16_bits, hold), counts};
+  if (s.o.in_place) raise(THC_ERR_INVALID_ARG, "x and out must be different arrays", "array");
+  size_t total = 0;
+  for (size_t n : counts) total += n;
+  const size_t mine = counts[static_cast<size_t>(rank)];
+  // The buffers must hold what counts says: libthc only sees pointers.
+  const size_t want_src = scatter ? total : mine, want_dst = scatter ? mine : total;
+  if (s.o.src.count != want_src)
+    raise(THC_ERR_INVALID_ARG,
+          "x has " + std::to_string(s.o.src.count) + " elements, counts say " + std::to_string(want_src), "array");
+  if (s.o.dst.count != want_dst)
+    raise(THC_ERR_INVALID_ARG,
+          "out has " + std::to_string(s.o.dst.count) + " elements, counts say " + std::to_string(want_dst), "array");
+  host_only(s.o.src, scatter ? "reduce_scatter" : "allgather");
+  return s;
+}
+
+void reduce_scatter(nb::handle comm, nb::handle x, nb::handle out, const std::vector<size_t>& counts, int scheme,
+                    int op, nb::handle state, bool bf16_bits) {
+  Hold h;
+  const Shards s = shard_operands(comm, x, out, counts, true, bf16_bits, &h);
+  thc_state_t ef = state_of(state);
+  blocking(nb::cast<Comm&>(comm), [&](thc_comm_t c) {
+    return thc_reduce_scatter(static_cast<thc_scheme_t>(scheme), s.o.src.data, s.o.dst.data, s.counts.data(),
+                              s.o.src.dtype, static_cast<thc_op_t>(op), c, ef);
+  });
+}
+
+Request* ireduce_scatter(nb::handle comm, nb::handle x, nb::handle out, const std::vector<size_t>& counts, int scheme,
+                         int op, nb::handle state, bool bf16_bits) {
+  Hold h;
+  const Shards s = shard_operands(comm, x, out, counts, true, bf16_bits, &h);
+  thc_state_t ef = state_of(state);
+  if (!state.is_none()) h.keep.push_back(nb::borrow(state));
+  // libthc reads recvcounts when the call starts; the vector lives in the lambda's frame until then.
+  return start(comm, std::move(h), nb::borrow(out), [&](thc_comm_t c, thc_request_t* r) {
+    return thc_ireduce_scatter(static_cast<thc_scheme_t>(scheme), s.o.src.data, s.o.dst.data, s.counts.data(),
+                               s.o.src.dtype, static_cast<thc_op_t>(op), c, ef, r);
+  });
+}
+
+void allgather(nb::handle comm, nb::handle x, nb::handle out, const std::vector<size_t>& counts, int scheme,
+               nb::handle state, bool bf16_bits) {
+  Hold h;
+  const Shards s = shard_operands(comm, x, out, counts, false, bf16_bits, &h);
+  thc_state_t ef = state_of(state);
+  blocking(nb::cast<Comm&>(comm), [&](thc_comm_t c) {
+    return thc_allgather(static_cast<thc_scheme_t>(scheme), s.o.src.data, s.o.dst.data, s.counts.data(),
+                         s.o.src.dtype, c, ef);
+  });
+}
+
+Request* iallgather(nb::handle comm, nb::handle x, nb::handle out, const std::vector<size_t>& counts, int scheme,
+                    nb::handle state, bool bf16_bits) {
+  Hold h;
+  const Shards s = shard_operands(comm, x, out, counts, false, bf16_bits, &h);
+  thc_state_t ef = state_of(state);
+  if (!state.is_none()) h.keep.push_back(nb::borrow(state));
+  return start(comm, std::move(h), nb::borrow(out), [&](thc_comm_t c, thc_request_t* r) {
+    return thc_iallgather(static_cast<thc_scheme_t>(scheme), s.o.src.data, s.o.dst.data, s.counts.data(),
+                          s.o.src.dtype, c, ef, r);
+  });
+}
+
+// Elements of an array (for default shard counts), without touching its memory.
+size_t element_count(nb::handle x, bool bf16_bits) {
+  RoArray a = import_ro(x, "x");
+  return describe(a, "x", bf16_bits).count;
 }
 
 }  // namespace
@@ -428,8 +790,38 @@ NB_MODULE(_thc, m) {
         return stats_dict(s);
       })
       .def("close", &Comm::close)
-      .def("allreduce", &allreduce, nb::arg("x"), nb::arg("out").none(), nb::arg("scheme"), nb::arg("op"),
-           nb::arg("state").none(), nb::arg("bf16_bits"));
+      .def_prop_ro("orphans", &Comm::orphans);
+
+  nb::class_<Request>(m, "Request",
+                      "A started nonblocking call (iallreduce, iallreduce_group, ireduce_scatter, iallgather).\n\n"
+                      "wait() blocks until it completes and returns the result (raising its failure); test() says "
+                      "whether it has (raising its failure once it has). Until then the call owns its arrays and "
+                      "state: do not write x or read out. A Request dropped unfinished lets the call run on; its "
+                      "arrays stay referenced until a later call on the communicator ends or it is closed.")
+      .def("test", &Request::test)
+      .def("wait", &Request::wait)
+      .def_prop_ro("done", &Request::done);
+  m.def("waitall", &Request::waitall, nb::arg("requests"));
+
+  m.def("allreduce", &allreduce, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(), nb::arg("scheme"),
+        nb::arg("op"), nb::arg("state").none(), nb::arg("bf16_bits"));
+  m.def("iallreduce", &iallreduce, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(), nb::arg("scheme"),
+        nb::arg("op"), nb::arg("state").none(), nb::arg("bf16_bits"), nb::rv_policy::take_ownership);
+  m.def("allreduce_group", &allreduce_group, nb::arg("comm"), nb::arg("xs"), nb::arg("outs").none(),
+        nb::arg("scheme"), nb::arg("op"), nb::arg("states").none(), nb::arg("bf16_bits"));
+  m.def("iallreduce_group", &iallreduce_group, nb::arg("comm"), nb::arg("xs"), nb::arg("outs").none(),
+        nb::arg("scheme"), nb::arg("op"), nb::arg("states").none(), nb::arg("bf16_bits"),
+        nb::rv_policy::take_ownership);
+  m.def("reduce_scatter", &reduce_scatter, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(), nb::arg("counts"),
+        nb::arg("scheme"), nb::arg("op"), nb::arg("state").none(), nb::arg("bf16_bits"));
+  m.def("ireduce_scatter", &ireduce_scatter, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(),
+        nb::arg("counts"), nb::arg("scheme"), nb::arg("op"), nb::arg("state").none(), nb::arg("bf16_bits"),
+        nb::rv_policy::take_ownership);
+  m.def("allgather", &allgather, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(), nb::arg("counts"),
+        nb::arg("scheme"), nb::arg("state").none(), nb::arg("bf16_bits"));
+  m.def("iallgather", &iallgather, nb::arg("comm"), nb::arg("x"), nb::arg("out").none(), nb::arg("counts"),
+        nb::arg("scheme"), nb::arg("state").none(), nb::arg("bf16_bits"), nb::rv_policy::take_ownership);
+  m.def("element_count", &element_count, nb::arg("x"), nb::arg("bf16_bits"));
 
 #if THC_HAVE_MPI
   m.def("mpi_library_version", &mpi_library_version);

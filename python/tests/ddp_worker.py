@@ -53,6 +53,7 @@ def train(comm: thc.Comm, error_feedback: bool, steps: int = 4):
         opt.zero_grad()
         loss = F.cross_entropy(ddp(x), y)
         loss.backward()
+        assert not state._pending, "buckets left pending after the backward pass"
         local.load_state_dict(model.state_dict())
         local.zero_grad()
         F.cross_entropy(local(x), y).backward()
@@ -100,8 +101,9 @@ def main() -> int:
     assert losses[-1] < losses[0], losses
     W.Barrier()
     if RANK == 0:
-        print(f"ok ddp buckets={len(state._states)} calls={comm.stats().calls} loss {losses[0]:.4f} -> "
-              f"{losses[-1]:.4f}", flush=True)
+        st = comm.stats()
+        print(f"ok ddp buckets={len(state._states)} calls={st.calls} fused groups={st.groups} "
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
     comm.close()
     dist.destroy_process_group()
     return 0

@@ -91,6 +91,33 @@ def check_split_communicator() -> None:
     sub.Free()
 
 
+def check_nonblocking(comm: thc.Comm) -> None:
+    """Calls in flight on the progress thread (mpi4py initializes MPI_THREAD_MULTIPLE), completed
+    by waitall; bit-identical to blocking calls on a twin communicator in the same order."""
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    xs = [np.random.default_rng(20 + RANK + i).standard_normal(30000).astype(np.float32) for i in range(3)]
+    with thc.Comm.from_mpi4py(W, seed=5) as a, thc.Comm.from_mpi4py(W, seed=5) as b:
+        reqs = [a.iallreduce(x, np.empty_like(x), op="avg") for x in xs]
+        got = thc.waitall(reqs)
+        want = [b.allreduce(x, np.empty_like(x), op="avg") for x in xs]
+    for g, w, x in zip(got, want, xs):
+        assert np.array_equal(g, w)
+        assert same_everywhere(g)
+        assert rel_err(g, exact_mean(x)) < 0.3
+
+
+def check_reduce_scatter_allgather(comm: thc.Comm) -> None:
+    x = np.random.default_rng(30 + RANK).standard_normal(10007).astype(np.float32)
+    counts = [10007 // SIZE + (1 if r < 10007 % SIZE else 0) for r in range(SIZE)]
+    offs = np.concatenate([[0], np.cumsum(counts)])
+    shard = comm.reduce_scatter(x, op="avg")
+    assert shard.shape == (counts[RANK],)
+    assert rel_err(shard, exact_mean(x)[offs[RANK]:offs[RANK + 1]]) < 0.3
+    full = comm.iallgather(shard, np.empty(10007, np.float32), counts=counts).wait()
+    assert same_everywhere(full)
+    assert rel_err(full, exact_mean(x)) < 0.5
+
+
 def check_stats(comm: thc.Comm, calls_before: int) -> None:
     s = comm.stats()
     assert s.calls > calls_before and s.float_bytes > 0 and s.wire_bytes_up > 0
@@ -106,6 +133,8 @@ def main() -> int:
               ("nonfinite", lambda: check_nonfinite_on_one_rank(comm)),
               ("count_mismatch", lambda: check_count_mismatch(comm)),
               ("split", check_split_communicator),
+              ("nonblocking", lambda: check_nonblocking(comm)),
+              ("reduce_scatter_allgather", lambda: check_reduce_scatter_allgather(comm)),
               ("stats", lambda: check_stats(comm, 0))]
     if hier:
         checks = checks[:1]

@@ -42,6 +42,22 @@ def test_aggregator_allreduce(aggregator, scheme):
         assert s.float_bytes == 2 * 4 * count and s.compression > 1.0
 
 
+def test_aggregator_nonblocking(aggregator):
+    n = 2
+    xs = inputs(n, 40000)
+
+    def rank(r):
+        with thc.Comm.aggregator(aggregator.url, r, n, 16, key=aggregator.key, seed=1) as c:
+            reqs = [c.iallreduce(xs[r] * (i + 1), np.empty_like(xs[r]), op="avg") for i in range(3)]
+            return thc.waitall(reqs)
+
+    res = values(run_ranks(n, rank))
+    exact = (xs[0].astype(np.float64) + xs[1]) / 2
+    for i in range(3):
+        assert np.array_equal(res[0][i], res[1][i])
+        assert rel_err(res[0][i], exact * (i + 1)) < 0.3
+
+
 def test_aggregator_list_of_urls_and_key_from_the_environment(aggregator, monkeypatch, tmp_path):
     keyfile = tmp_path / "keys"
     keyfile.write_text(aggregator.key + "\n")

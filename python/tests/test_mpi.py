@@ -11,7 +11,8 @@ pytest.importorskip("mpi4py", reason="mpi4py is not installed (Debian: python3-m
 import thc  # noqa: E402
 from conftest import mpirun  # noqa: E402
 
-CHECKS = ["allreduce", "error_feedback", "nonfinite", "count_mismatch", "split", "stats"]
+CHECKS = ["allreduce", "error_feedback", "nonfinite", "count_mismatch", "split", "nonblocking",
+          "reduce_scatter_allgather", "stats"]
 
 
 @pytest.mark.parametrize("np_", [2, 3])

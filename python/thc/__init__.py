@@ -37,7 +37,8 @@ from .errors import (ArrayError, ConfigMismatchError, DtypeError, Error, Interna
 __version__ = "0.1.0"
 
 __all__ = [
-    "Comm", "InprocGroup", "State", "Stats", "stats", "config", "library_version", "SCHEMES", "OPS",
+    "Comm", "InprocGroup", "State", "Request", "waitall", "Stats", "stats", "config", "library_version", "SCHEMES",
+    "OPS",
     "Status", "Error", "InvalidArgumentError", "ArrayError", "DtypeError", "NonFiniteError", "ConfigMismatchError",
     "OverflowError", "TransportError", "TimeoutError", "UnsupportedError", "NoMemoryError", "InternalError",
     "LeftBehindError",
@@ -116,7 +117,8 @@ class Stats:
 
     ``wire_bytes_up``: bytes of this rank's codes upstream (aggregator communicators: the datagrams
     sent, headers included, ``measured_wire``); ``float_bytes``: what the same calls would send as
-    float32; ``compression``: their ratio.
+    float32; ``compression``: their ratio. ``groups``/``grouped_tensors``: calls that ran several
+    tensors as one stream (allreduce_group, fused nonblocking allreduces) and their tensors.
     """
 
     calls: int = 0
@@ -126,6 +128,8 @@ class Stats:
     float_bytes: int = 0
     packets: int = 0
     retransmissions: int = 0
+    groups: int = 0
+    grouped_tensors: int = 0
     measured_wire: bool = False
     last_algo: Optional[int] = None
     hier_hosts: Optional[int] = None
@@ -135,7 +139,8 @@ class Stats:
         """float32 bytes per byte on the wire upstream (0.0 before any call)."""
         return self.float_bytes / self.wire_bytes_up if self.wire_bytes_up else 0.0
 
-    _SUMMED = ("calls", "elements", "wire_bytes_up", "wire_bytes_down", "float_bytes", "packets", "retransmissions")
+    _SUMMED = ("calls", "elements", "wire_bytes_up", "wire_bytes_down", "float_bytes", "packets", "retransmissions",
+               "groups", "grouped_tensors")
 
     def _plus(self, other: "Stats") -> "Stats":
         return Stats(**{f: getattr(self, f) + getattr(other, f) for f in self._SUMMED},
@@ -169,6 +174,56 @@ def stats() -> Stats:
         except InvalidArgumentError:  # closed meanwhile: already in _closed_totals
             pass
     return dataclasses.replace(total, last_algo=None, hier_hosts=None)
+
+
+class Request:
+    """A started nonblocking call (``iallreduce``, ``iallreduce_group``, ``ireduce_scatter``,
+    ``iallgather``), completed like MPI's requests.
+
+    ``wait()`` blocks until the call completes and returns its result, or raises its failure (a
+    :class:`thc.Error` with the status; every rank fails alike). ``test()`` never blocks: False
+    while the call runs, True once it has completed (raising its failure then). A failure is
+    raised again by every later ``wait()``/``test()``. Until completion the call owns its arrays
+    and state. A Request dropped unfinished lets the call run on (``thc_request_free``); its
+    arrays stay referenced until a later call on the communicator ends or it is closed.
+    """
+
+    __slots__ = ("_r", "_result")
+
+    def __init__(self) -> None:
+        raise TypeError("requests come from Comm.iallreduce and the other nonblocking calls")
+
+    @classmethod
+    def _wrap(cls, r: Any, result: Any) -> "Request":
+        self = cls.__new__(cls)
+        self._r = r
+        self._result = result
+        return self
+
+    def test(self) -> bool:
+        """Whether the call has completed (never blocks); raises its failure once it has."""
+        return self._r.test()
+
+    def wait(self) -> Any:
+        """Block until the call completes; its result (out, or x in place; a list for groups)."""
+        self._r.wait()
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        """Whether the call has completed and been waited for or tested (no status is consumed)."""
+        return self._r.done
+
+
+def waitall(requests: Iterable[Request]) -> List[Any]:
+    """Wait for every request (``thc_waitall``); their results in order. When calls failed, all
+    still complete first, then the first failure (lowest index) is raised."""
+    requests = list(requests)
+    for q in requests:
+        if not isinstance(q, Request):
+            raise InvalidArgumentError(f"waitall: not a thc.Request: {type(q).__name__}", Status.INVALID_ARG)
+    _thc.waitall([q._r for q in requests])
+    return [q._result for q in requests]
 
 
 class Comm:
@@ -275,16 +330,132 @@ class Comm:
         return f"<thc.Comm rank {self.rank} of {self.size}>"
 
     # ---- collectives
+    #
+    # Arrays: anything with __dlpack__ or the buffer protocol, C-contiguous, float32, float16,
+    # bfloat16 or float64. op: "sum" or "avg"; scheme: "thc" (default), "uhc", "cnat" or "dnat";
+    # state: a thc.State (error feedback), the same one for every call on the same tensor.
 
     def allreduce(self, x: Any, out: Any = None, *, op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
                   state: Optional[State] = None) -> Any:
         """Compressed allreduce of ``x``; returns the array holding the result.
 
         out=None: in place (``x`` must be writable), as torch.distributed.all_reduce; otherwise
-        ``out`` (same dtype, size and device as ``x``) receives it and ``x`` is only read.
-        op: "sum" or "avg". scheme: "thc" (default), "uhc", "cnat" or "dnat".
-        state: a :class:`thc.State` for error feedback (the same one for every call on this tensor).
+        ``out`` (same dtype, size and device as ``x``) receives it and ``x`` is only read. Host
+        and CUDA arrays (CUDA: libthc_cuda's codec; writes to x on other streams must be
+        complete before the call).
         """
         xv, ov, bf16 = _bf16_views(x, out)
-        self._c.allreduce(xv, ov, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"), state, bf16)
+        _thc.allreduce(self._c, xv, ov, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"), state, bf16)
         return x if out is None else out
+
+    def iallreduce(self, x: Any, out: Any = None, *, op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
+                   state: Optional[State] = None) -> "Request":
+        """Nonblocking :meth:`allreduce`: returns a :class:`thc.Request` at once; ``wait()`` returns
+        the result. The call runs on the communicator's progress thread; until it completes it
+        owns x, out and state. Every rank starts the same calls in the same order (MPI's rule);
+        host allreduces started back to back are fused (THC_FUSION_BYTES, THC_FUSION_CYCLE_MS).
+        """
+        xv, ov, bf16 = _bf16_views(x, out)
+        req = _thc.iallreduce(self._c, xv, ov, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"), state,
+                              bf16)
+        return Request._wrap(req, x if out is None else out)
+
+    def allreduce_group(self, xs: Sequence[Any], outs: Optional[Sequence[Any]] = None, *,
+                        op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
+                        states: Optional[Sequence[Optional[State]]] = None) -> List[Any]:
+        """Several host tensors compressed as one stream (one prelude, one pipeline; each tensor
+        keeps its own blocks and error feedback): what a DDP bucket or Horovod's fusion buffer
+        does, without copying. outs=None: in place. Returns the list of results."""
+        xl, ol, flags = self._group(xs, outs)
+        _thc.allreduce_group(self._c, xl, ol, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"),
+                             None if states is None else list(states), flags)
+        return list(xs) if outs is None else list(outs)
+
+    def iallreduce_group(self, xs: Sequence[Any], outs: Optional[Sequence[Any]] = None, *,
+                         op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
+                         states: Optional[Sequence[Optional[State]]] = None) -> "Request":
+        """Nonblocking :meth:`allreduce_group`; ``wait()`` returns the list of results."""
+        xl, ol, flags = self._group(xs, outs)
+        req = _thc.iallreduce_group(self._c, xl, ol, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"),
+                                    None if states is None else list(states), flags)
+        return Request._wrap(req, list(xs) if outs is None else list(outs))
+
+    def reduce_scatter(self, x: Any, out: Any = None, *, counts: Optional[Sequence[int]] = None,
+                       op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
+                       state: Optional[State] = None) -> Any:
+        """Compressed reduce-scatter: ``x`` holds sum(counts) elements on every rank; rank r's
+        ``out`` receives elements [sum(counts[:r]), +counts[r]) of the (compressed) sum or mean.
+
+        counts: elements per rank, the same on every rank; None splits x as evenly as
+        numpy.array_split. out=None allocates a NumPy array (x a NumPy array). Host memory.
+        state: error feedback of the whole input x.
+        """
+        xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=True)
+        _thc.reduce_scatter(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"),
+                            state, bf16)
+        return res
+
+    def ireduce_scatter(self, x: Any, out: Any = None, *, counts: Optional[Sequence[int]] = None,
+                        op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
+                        state: Optional[State] = None) -> "Request":
+        """Nonblocking :meth:`reduce_scatter`; ``wait()`` returns out."""
+        xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=True)
+        req = _thc.ireduce_scatter(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"),
+                                   _lookup(OPS, op, "op"), state, bf16)
+        return Request._wrap(req, res)
+
+    def allgather(self, x: Any, out: Any = None, *, counts: Optional[Sequence[int]] = None,
+                  scheme: Union[str, int] = "thc", state: Optional[State] = None) -> Any:
+        """LOSSY allgather (for when that is wanted; parameters are usually gathered exactly):
+        rank r's x (counts[r] elements) is encoded once, and every rank's ``out`` receives all
+        sum(counts) decoded elements, rank r's at offset sum(counts[:r]), identical on every rank.
+
+        counts: None means every rank's x has x's size. out=None allocates a NumPy array (x a
+        NumPy array). Host memory. state: error feedback of this rank's x.
+        """
+        xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=False)
+        _thc.allgather(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"), state, bf16)
+        return res
+
+    def iallgather(self, x: Any, out: Any = None, *, counts: Optional[Sequence[int]] = None,
+                   scheme: Union[str, int] = "thc", state: Optional[State] = None) -> "Request":
+        """Nonblocking :meth:`allgather`; ``wait()`` returns out."""
+        xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=False)
+        req = _thc.iallgather(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"), state, bf16)
+        return Request._wrap(req, res)
+
+    # ---- helpers
+
+    def _group(self, xs: Sequence[Any], outs: Optional[Sequence[Any]]):
+        xs = list(xs)
+        if outs is not None:
+            outs = list(outs)
+            if len(outs) != len(xs):
+                raise ArrayError("outs must have one array per tensor", Status.INVALID_ARG)
+        xl, ol, flags = [], [], []
+        for i, x in enumerate(xs):
+            xv, ov, bf16 = _bf16_views(x, None if outs is None else outs[i])
+            xl.append(xv)
+            ol.append(ov)
+            flags.append(bf16)
+        return xl, (None if outs is None else ol), flags
+
+    def _shards(self, x: Any, out: Any, counts: Optional[Sequence[int]], scatter: bool):
+        xv, _, bf16 = _bf16_views(x, None)
+        size = self.size
+        n = _thc.element_count(xv, bf16)
+        if counts is None:
+            if scatter:
+                counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
+            else:
+                counts = [n] * size
+        counts = [int(c) for c in counts]
+        if any(c < 0 for c in counts):
+            raise InvalidArgumentError("counts must not be negative", Status.INVALID_ARG)
+        if out is None:
+            if not isinstance(x, np.ndarray):
+                raise ArrayError("out=None allocates a NumPy array: pass out= for other arrays", Status.INVALID_ARG)
+            want = counts[self.rank] if scatter else sum(counts)
+            out = np.empty(want, x.dtype)
+        xv, ov, bf16 = _bf16_views(x, out)
+        return xv, ov, bf16, counts, out

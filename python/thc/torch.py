@@ -11,11 +11,13 @@ Importable only where PyTorch is installed (``import thc.torch`` raises ImportEr
 The thc communicator carries the gradients; DDP's process group still does everything else
 (parameter broadcast at start, buffers). Its ranks must be the process group's, in the same
 order (checked: the sizes; rank r of one must be rank r of the other). Each bucket keeps its own
-error-feedback state. CUDA buckets go to thc's device codec (libthc_cuda) through DLPack; the
-hook waits for the current stream first, as thc requires of writes to a device buffer.
+error-feedback state. Buckets are allreduced nonblocking (overlapping the rest of the backward
+pass, fused when started back to back). CUDA buckets go to thc's device codec (libthc_cuda)
+through DLPack; the hook waits for the current stream first, as thc requires of writes to a
+device buffer.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,19 @@ class HookState:
         # bucket index -> (numel, device, state): DDP rebuilds its buckets after the first
         # iteration, so a bucket whose size or device changed starts a fresh residual.
         self._states: Dict[int, Tuple[int, torch.device, thc.State]] = {}
+        # Buckets started this iteration, not yet completed: (request, future, buffer).
+        self._pending: List[Tuple[thc.Request, torch.futures.Future, torch.Tensor]] = []
+
+    def complete_pending(self) -> None:
+        """Wait for the buckets' requests in start order and complete their futures."""
+        pending, self._pending = self._pending, []
+        for req, fut, buf in pending:
+            try:
+                req.wait()
+            except thc.Error as e:
+                fut.set_exception(e)
+            else:
+                fut.set_result(buf)
 
     def state_for(self, index: int, buf: torch.Tensor) -> Optional[thc.State]:
         if not self.error_feedback:
@@ -70,7 +85,14 @@ def _bucket_buffer(bucket: dist.GradBucket) -> torch.Tensor:
 
 # DDP checks these annotations (the objects, not strings): no `from __future__ import annotations` here.
 def ddp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the bucket's gradients averaged over the ranks by thc (in place)."""
+    """DDP communication hook: the bucket's gradients averaged over the ranks by thc (in place).
+
+    Each bucket's allreduce starts nonblocking (``iallreduce``) as DDP hands it over, so it runs
+    on the communicator's progress thread while the backward pass computes the next buckets (and
+    buckets started back to back are fused). DDP launches its buckets in index order and waits for
+    their futures only after the last one has been launched (at the end of the backward pass):
+    the last bucket's hook waits for every pending request and completes their futures.
+    """
     buf = _bucket_buffer(bucket)
     if buf.is_cuda:
         # thc's device path reads the buffer on its own stream: the backward pass's writes first.
@@ -78,11 +100,15 @@ def ddp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[
         fut: torch.futures.Future = torch.futures.Future(devices=[buf.device])
     else:
         fut = torch.futures.Future()
-    state.comm.allreduce(buf, op="avg", scheme=state.scheme, state=state.state_for(bucket.index(), buf))
-    fut.set_result(buf)
+    try:
+        req = state.comm.iallreduce(buf, op="avg", scheme=state.scheme, state=state.state_for(bucket.index(), buf))
+    except thc.Error as e:
+        fut.set_exception(e)
+        return fut
+    state._pending.append((req, fut, buf))
+    if bucket.is_last():
+        state.complete_pending()
     return fut
-
-
 def register(model: "torch.nn.parallel.DistributedDataParallel", comm: thc.Comm, **kwargs) -> HookState:
     """``model.register_comm_hook(HookState(comm, **kwargs), ddp_hook)``; returns the state."""
     state = HookState(comm, process_group=getattr(model, "process_group", None), **kwargs)
