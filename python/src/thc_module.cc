@@ -754,11 +754,15 @@ NB_MODULE(_thc, m) {
     return d;
   }, nb::arg("knobs"), "Defaults, then THC_* environment variables, then `knobs` ((name, value) pairs).");
 
-  nb::class_<State>(m, "State")
+  nb::class_<State>(m, "State",
+                   "Error-feedback residual of one tensor (thc_state_t): pass the same State to every call on "
+                   "that tensor. Bound to the size (and host or device memory) of its first call; reset() unbinds.")
       .def(nb::init<>())
       .def("reset", &State::reset);
 
-  nb::class_<InprocGroup>(m, "InprocGroup")
+  nb::class_<InprocGroup>(m, "InprocGroup",
+                          "In-process workers: InprocGroup(size), then Comm.inproc(group, rank) on each of size "
+                          "threads. Its waits are bounded by THC_TIMEOUT_MS of the environment at its creation.")
       .def(nb::init<int>(), nb::arg("size"))
       .def_ro("size", &InprocGroup::size);
 
