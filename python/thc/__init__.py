@@ -6,8 +6,8 @@ Communicators::
     comm = thc.Comm.aggregator("udp://agg:9471", rank, size, job=7, key="1:ABCD...")
     group = thc.InprocGroup(4); comm = thc.Comm.inproc(group, rank)   # one per thread
 
-Calls take any array with ``__dlpack__`` or the buffer protocol (NumPy, PyTorch CPU and CUDA
-tensors, CuPy, JAX, ...), C-contiguous, of float32, float16, bfloat16 (NumPy's through
+Calls take any array with ``__dlpack__`` or the buffer protocol (NumPy arrays, PyTorch tensors,
+other DLPack producers), C-contiguous, of float32, float16, bfloat16 (NumPy's through
 ``ml_dtypes.bfloat16``) or float64::
 
     comm.allreduce(grad, op="avg", state=ef)      # in place, like torch.distributed.all_reduce
