@@ -1,6 +1,7 @@
 #include "collectives/capi/capi.h"
 
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -222,6 +223,42 @@ void thc_print_knobs(void) {
                 env_ok ? thc::engine::knob_value(k, cur).c_str() : "(env error)", k.help);
   }
   if (!env_ok) std::printf("environment error: %s\n", thc_last_error());
+}
+
+namespace {
+const thc::engine::Knob* find_knob(const char* name) {
+  if (!name) thc::fail(thc::Status::kInvalidArgument, "knob name is NULL");
+  for (const auto& k : thc::engine::knobs())
+    if (std::strcmp(k.env, name) == 0) return &k;
+  thc::fail(thc::Status::kInvalidArgument, std::string("unknown knob '") + name + "' (thc-info lists them)");
+}
+}  // namespace
+
+thc_status_t thc_config_set(thc_config_t* cfg, const char* name, const char* value) {
+  return guard("thc_config_set", [&] {
+    if (!cfg || !value) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
+    const thc::engine::Knob* k = find_knob(name);
+    // Parse into a copy: a malformed value leaves cfg as it was.
+    thc_config_t c = *cfg;
+    std::string err;
+    if (!thc::engine::set_knob(*k, value, &c, &err)) thc::fail(thc::Status::kInvalidArgument, err);
+    *cfg = c;
+  });
+}
+
+thc_status_t thc_config_get(const thc_config_t* cfg, const char* name, char* buf, size_t len) {
+  return guard("thc_config_get", [&] {
+    if (!cfg || !buf) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
+    const std::string v = thc::engine::knob_value(*find_knob(name), *cfg);
+    if (v.size() + 1 > len)
+      thc::fail(thc::Status::kInvalidArgument, std::string(name) + ": value needs " + std::to_string(v.size() + 1) + " bytes");
+    std::memcpy(buf, v.c_str(), v.size() + 1);
+  });
+}
+
+const char* thc_knob_name(int i) {
+  const auto& ks = thc::engine::knobs();
+  return i >= 0 && static_cast<size_t>(i) < ks.size() ? ks[static_cast<size_t>(i)].env : nullptr;
 }
 
 }  // extern "C"

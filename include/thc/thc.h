@@ -319,6 +319,18 @@ thc_status_t thc_iallgather(thc_scheme_t scheme, const void* sendbuf, void* recv
 /* Print every knob (name, default, current value, help) to stdout. */
 void thc_print_knobs(void);
 
+/* Knobs by name, spelled as their environment variables ("THC_BITS", "2"; "THC_P", "1/32";
+ * "THC_ALGO", "ps"): the parsing thc_config_init applies to the environment, for bindings and
+ * command lines. Ranges are checked where the configuration is used (communicator creation, a
+ * call), as for the environment. THC_ERR_INVALID_ARG for an unknown name or a malformed value
+ * (cfg is then unchanged). */
+thc_status_t thc_config_set(thc_config_t* cfg, const char* name, const char* value);
+/* The value of knob `name` in cfg as the environment would spell it, NUL-terminated in buf
+ * (THC_ERR_INVALID_ARG for an unknown name or a buf of fewer than the value's bytes + 1). */
+thc_status_t thc_config_get(const thc_config_t* cfg, const char* name, char* buf, size_t len);
+/* Name of knob i (0, 1, ...; NULL after the last), to enumerate them. */
+const char* thc_knob_name(int i);
+
 #ifdef __cplusplus
 }
 #endif
