@@ -174,10 +174,10 @@ int main(int argc, char** argv) {
     std::function<void()> fn;
     std::vector<double> t, cpu;
   };
-  std::vector<Mode> all_modes = {{"one", run_one, {}},
-                                 {"fused", [&] { run_nb(fused); }, {}},
-                                 {"group", run_group, {}},
-                                 {"unfused", [&] { run_nb(plain); }, {}}};
+  std::vector<Mode> all_modes = {{"one", run_one, {}, {}},
+                                 {"fused", [&] { run_nb(fused); }, {}, {}},
+                                 {"group", run_group, {}, {}},
+                                 {"unfused", [&] { run_nb(plain); }, {}, {}}};
   std::vector<Mode> modes;
   for (Mode& m : all_modes)
     if (("," + modes_s + ",").find("," + std::string(m.name) + ",") != std::string::npos) modes.push_back(m);
