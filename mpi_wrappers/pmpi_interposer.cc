@@ -285,7 +285,7 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   // Small ones too when they can be fused: that is what makes them worth compressing.
   const bool eligible = s.ok && s.cfg.mpi_allreduce >= 0 && op == MPI_SUM && count > 0 && elem > 0 &&
                         (static_cast<long>(count) * elem >= s.cfg.min_bytes || s.cfg.fusion_bytes > 0) && intra(comm);
-  if (!eligible) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+  if (!eligible) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, exact_op(datatype, op), comm, request);
   CommRec* rec = rec_for(comm);
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -334,7 +334,7 @@ int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[
   }
   if (!s.ok || s.cfg.mpi_allreduce < 0 || op != MPI_SUM || elem == 0 || !counts_ok || total == 0 ||
       total * elem < s.cfg.min_bytes || !intra(comm))
-    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
+    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, exact_op(datatype, op), comm);
   CommRec* rec = rec_for(comm);
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -380,7 +380,7 @@ int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, 
   PMPI_Comm_size(comm, &nranks);
   if (!s.ok || s.cfg.mpi_allreduce < 0 || op != MPI_SUM || elem == 0 || recvcount <= 0 ||
       static_cast<long>(recvcount) * nranks * elem < s.cfg.min_bytes || !intra(comm))
-    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, exact_op(datatype, op), comm);
   const std::vector<int> counts(static_cast<size_t>(nranks), recvcount);
   // MPI_Reduce_scatter's path with equal shards.
   return MPI_Reduce_scatter(sendbuf, recvbuf, counts.data(), datatype, op, comm);

@@ -194,7 +194,7 @@ int iallreduce(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t c
       thc::capi::set_last_error("THC_Iallreduce: exact fallback supports at most INT_MAX elements");
       return MPI_ERR_COUNT;
     }
-    return PMPI_Iallreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm, request);
+    return PMPI_Iallreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, exact_op(datatype, op), comm, request);
   }
   thc_comm_t tc;
   if (comm_for(comm, &tc) != THC_SUCCESS) return MPI_ERR_OTHER;
