@@ -16,6 +16,18 @@
 // * no lock is held across a collective, so threads (MPI_THREAD_MULTIPLE) may run collectives
 //   on different communicators concurrently, as with MPI.
 //
+// Nonblocking allreduces (MPI_Iallreduce) of the same types and op are compressed too, completed by
+// MPI_Wait / MPI_Test / MPI_Waitall / ... (MPI generalized requests, thc_mpi.h), with the same
+// threshold, error feedback (keyed the same way) and NaN/Inf redo (exact, in start order, on a
+// private duplicate of the communicator). With fusion on (THC_FUSION_BYTES > 0) they are compressed
+// below THC_MIN_BYTES as well: small ones started back to back are fused into one compressed stream,
+// Horovod's way. They progress on a thread of thc's only under MPI_THREAD_MULTIPLE; below it each
+// runs to completion inside MPI_Iallreduce. A failure is reported by the call that completes the
+// request (Open MPI: through MPI_COMM_WORLD's error handler, as for any generalized request).
+// MPI_Reduce_scatter_block and MPI_Reduce_scatter of float/half/bf16 sums of at least THC_MIN_BYTES
+// (the whole input) are compressed with THC_MPI_ALLREDUCE's scheme (thc_reduce_scatter); MPI_Allgather
+// of those types only when THC_MPI_ALLGATHER names a scheme (lossy; off by default).
+//
 // Error feedback (THC_EF=1): a residual per (buffer, count) of each communicator — the way
 // training loops reuse gradient buffers — bounded by THC_EF_MAX_BYTES over all communicators,
 // least recently used evicted first. The residuals live in an attribute of the communicator and
@@ -27,8 +39,11 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "mpi_wrappers/thc_mpi_internal.h"
 #include "thc/thc_mpi.h"
 
 namespace {
@@ -82,7 +97,8 @@ void drop_entry_locked(CommRec* rec, std::map<std::pair<const void*, size_t>, Ef
   rec->ef.erase(it);
 }
 
-int delete_rec(MPI_Comm, int, void* attr, void*) {
+int delete_rec(MPI_Comm comm, int, void* attr, void*) {
+  thc::mpi::quiesce(comm);  // nonblocking calls in flight release their residuals when they end
   auto* rec = static_cast<CommRec*>(attr);
   std::lock_guard<std::mutex> lk(g_mu);
   while (!rec->ef.empty()) drop_entry_locked(rec, rec->ef.begin());
@@ -177,11 +193,36 @@ int mpi_code(thc_status_t st) {
   return g_err_codes[st];
 }
 
-// The op MPI itself must run for (datatype, op): MPI_SUM of thc's byte-based 16-bit types is
-// THC_MPI_SUM16 (MPI's MPI_SUM refuses them with MPI_ERR_OP).
-MPI_Op exact_op(MPI_Datatype dt, MPI_Op op) {
-  if (op == MPI_SUM && (dt == THC_MPI_FLOAT16() || dt == THC_MPI_BFLOAT16())) return THC_MPI_SUM16();
-  return op;
+using thc::mpi::exact_op;
+
+int elem_size(MPI_Datatype dt) {
+  if (dt == MPI_FLOAT) return 4;
+  if (dt == THC_MPI_FLOAT16() || dt == THC_MPI_BFLOAT16()) return 2;
+  return 0;
+}
+
+thc_dtype_t thc_dtype(MPI_Datatype dt) {
+  return dt == MPI_FLOAT ? THC_FLOAT32 : (dt == THC_MPI_FLOAT16() ? THC_FLOAT16 : THC_BFLOAT16);
+}
+
+bool intra(MPI_Comm comm) {
+  int inter = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  return !inter;
+}
+
+// Counts a finished compressed call (wire bytes from the communicator's statistics).
+void count_done(CommRec* rec, thc_comm_t tc, uint64_t float_bytes) {
+  thc_stats_t st;
+  const bool have = tc && thc_comm_stats(tc, &st) == THC_SUCCESS;
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_cnt.compressed++;
+  g_cnt.float_bytes += float_bytes;
+  if (have) {
+    const uint64_t w = st.wire_bytes_up + st.wire_bytes_down;
+    g_cnt.wire_bytes += w - rec->wire_seen;
+    rec->wire_seen = w;
+  }
 }
 
 }  // namespace
@@ -232,6 +273,160 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
     return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, exact_op(datatype, op), comm);
   }
   std::fprintf(stderr, "libthc_mpi: compressed MPI_Allreduce failed: %s\n", thc_last_error());
+  const int code = mpi_code(why);
+  PMPI_Comm_call_errhandler(comm, code);
+  return code;
+}
+
+int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                   MPI_Request* request) {
+  const Settings& s = settings();
+  const int elem = elem_size(datatype);
+  // Small ones too when they can be fused: that is what makes them worth compressing.
+  const bool eligible = s.ok && s.cfg.mpi_allreduce >= 0 && op == MPI_SUM && count > 0 && elem > 0 &&
+                        (static_cast<long>(count) * elem >= s.cfg.min_bytes || s.cfg.fusion_bytes > 0) && intra(comm);
+  if (!eligible) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, exact_op(datatype, op), comm, request);
+  CommRec* rec = rec_for(comm);
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_cnt.calls++;
+  }
+  const size_t n = static_cast<size_t>(count);
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, s.cfg.ef_max_bytes) : nullptr;
+  thc_comm_t tc = nullptr;
+  if (THC_Comm_get(comm, &tc) != THC_SUCCESS) {
+    if (ef) ef_release(rec, recvbuf, n);
+    std::fprintf(stderr, "libthc_mpi: compressed MPI_Iallreduce failed: %s\n", thc_last_error());
+    const int code = mpi_code(THC_ERR_TRANSPORT);
+    PMPI_Comm_call_errhandler(comm, code);
+    return code;
+  }
+  thc::mpi::IallreduceHooks h;
+  h.nonfinite_exact = true;
+  h.code_of = [](thc_status_t st) { return mpi_code(st); };
+  h.done = [rec, recvbuf, n, ef, tc, elem](int code, thc_status_t st, const std::string& msg) {
+    if (ef) ef_release(rec, recvbuf, n);
+    if (st == THC_SUCCESS) {
+      count_done(rec, tc, static_cast<uint64_t>(n) * elem);
+    } else if (st == THC_ERR_NONFINITE && code == MPI_SUCCESS) {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_cnt.nonfinite++;
+    } else {
+      std::fprintf(stderr, "libthc_mpi: compressed MPI_Iallreduce failed: %s\n", msg.c_str());
+    }
+  };
+  return thc::mpi::iallreduce(static_cast<thc_scheme_t>(s.cfg.mpi_allreduce), sendbuf, recvbuf, n, datatype, MPI_SUM,
+                              comm, ef, request, h);
+}
+
+int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[], MPI_Datatype datatype, MPI_Op op,
+                       MPI_Comm comm) {
+  const Settings& s = settings();
+  const int elem = elem_size(datatype);
+  int nranks = 0, me = 0;
+  PMPI_Comm_size(comm, &nranks);
+  PMPI_Comm_rank(comm, &me);
+  long total = 0;
+  bool counts_ok = recvcounts != nullptr;
+  for (int q = 0; counts_ok && q < nranks; ++q) {
+    if (recvcounts[q] < 0) counts_ok = false;
+    total += counts_ok ? recvcounts[q] : 0;
+  }
+  if (!s.ok || s.cfg.mpi_allreduce < 0 || op != MPI_SUM || elem == 0 || !counts_ok || total == 0 ||
+      total * elem < s.cfg.min_bytes || !intra(comm))
+    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, exact_op(datatype, op), comm);
+  CommRec* rec = rec_for(comm);
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_cnt.calls++;
+  }
+  // The residual follows the input, as a gradient buffer is reused from step to step.
+  const void* key = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
+  const size_t n = static_cast<size_t>(total);
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, s.cfg.ef_max_bytes) : nullptr;
+  thc_comm_t tc = nullptr;
+  thc_status_t why = THC_Comm_get(comm, &tc);
+  if (why == THC_SUCCESS) {
+    std::vector<size_t> counts(static_cast<size_t>(nranks));
+    for (int q = 0; q < nranks; ++q) counts[q] = static_cast<size_t>(recvcounts[q]);
+    why = thc_reduce_scatter(static_cast<thc_scheme_t>(s.cfg.mpi_allreduce),
+                             sendbuf == MPI_IN_PLACE ? THC_IN_PLACE : sendbuf, recvbuf, counts.data(),
+                             thc_dtype(datatype), THC_OP_SUM, tc, ef);
+  }
+  if (ef) ef_release(rec, key, n);
+  if (why == THC_SUCCESS) {
+    count_done(rec, tc, static_cast<uint64_t>(total) * elem);
+    return MPI_SUCCESS;
+  }
+  if (why == THC_ERR_NONFINITE) {
+    // Every rank saw it before anything was reduced: MPI's own sum, exact.
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_cnt.nonfinite++;
+    }
+    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, exact_op(datatype, op), comm);
+  }
+  std::fprintf(stderr, "libthc_mpi: compressed MPI_Reduce_scatter failed: %s\n", thc_last_error());
+  const int code = mpi_code(why);
+  PMPI_Comm_call_errhandler(comm, code);
+  return code;
+}
+
+int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
+                             MPI_Comm comm) {
+  const Settings& s = settings();
+  const int elem = elem_size(datatype);
+  int nranks = 0;
+  PMPI_Comm_size(comm, &nranks);
+  if (!s.ok || s.cfg.mpi_allreduce < 0 || op != MPI_SUM || elem == 0 || recvcount <= 0 ||
+      static_cast<long>(recvcount) * nranks * elem < s.cfg.min_bytes || !intra(comm))
+    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, exact_op(datatype, op), comm);
+  const std::vector<int> counts(static_cast<size_t>(nranks), recvcount);
+  // MPI_Reduce_scatter's path with equal shards.
+  return MPI_Reduce_scatter(sendbuf, recvbuf, counts.data(), datatype, op, comm);
+}
+
+int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
+                  MPI_Datatype recvtype, MPI_Comm comm) {
+  const Settings& s = settings();
+  const int elem = elem_size(recvtype);
+  const bool in_place = sendbuf == MPI_IN_PLACE;
+  if (!s.ok || s.cfg.mpi_allgather < 0 || elem == 0 || recvcount <= 0 ||
+      (!in_place && (sendtype != recvtype || sendcount != recvcount)) ||
+      static_cast<long>(recvcount) * elem < s.cfg.min_bytes || !intra(comm))
+    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  int me = 0;
+  PMPI_Comm_rank(comm, &me);
+  CommRec* rec = rec_for(comm);
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_cnt.calls++;
+  }
+  const void* key = in_place ? static_cast<const char*>(recvbuf) + static_cast<size_t>(me) * recvcount * elem : sendbuf;
+  const size_t n = static_cast<size_t>(recvcount);
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, s.cfg.ef_max_bytes) : nullptr;
+  thc_comm_t tc = nullptr;
+  thc_status_t why = THC_Comm_get(comm, &tc);
+  int nranks = 0;
+  PMPI_Comm_size(comm, &nranks);
+  if (why == THC_SUCCESS) {
+    const std::vector<size_t> counts(static_cast<size_t>(nranks), n);
+    why = thc_allgather(static_cast<thc_scheme_t>(s.cfg.mpi_allgather), in_place ? THC_IN_PLACE : sendbuf, recvbuf,
+                        counts.data(), thc_dtype(recvtype), tc, ef);
+  }
+  if (ef) ef_release(rec, key, n);
+  if (why == THC_SUCCESS) {
+    count_done(rec, tc, static_cast<uint64_t>(n) * nranks * elem);
+    return MPI_SUCCESS;
+  }
+  if (why == THC_ERR_NONFINITE) {
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      g_cnt.nonfinite++;
+    }
+    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  }
+  std::fprintf(stderr, "libthc_mpi: compressed MPI_Allgather failed: %s\n", thc_last_error());
   const int code = mpi_code(why);
   PMPI_Comm_call_errhandler(comm, code);
   return code;

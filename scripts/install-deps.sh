@@ -6,7 +6,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       libopenmpi-dev openmpi-bin libucx-dev libdpdk-dev libsodium-dev
       thrift-compiler libthrift-dev libboost-dev libjsoncpp-dev
       clang libclang-rt-14-dev
-      iproute2 ethtool gnuplot-nox python3 shellcheck)
+      iproute2 ethtool gnuplot-nox python3 shellcheck
+      python3-dev python3-venv python3-numpy python3-mpi4py python3-pytest
+      python3-torch)  # CPU PyTorch 1.13 for the DDP hook's tests (~175 MB, ~2 min to install)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

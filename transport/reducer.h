@@ -82,6 +82,31 @@ class Reducer {
                                                     const LookupTable& table, void* sums,
                                                     IntType type, const DownstreamCodec* down) = 0;
 
+  // Reduce-scatter (the first half of the operations above): rank q needs only elements
+  // [bounds[q], bounds[q+1]) of the result (bounds: size() + 1 non-decreasing offsets from 0 to
+  // count, multiples of 8), the rest of the result buffer is left unspecified. The default runs
+  // the whole operation (every rank gets everything: more bytes, same result).
+  // (Defined here, inline like every virtual of this class: no key function, so libraries that
+  // implement a Reducer without linking reducer.cc, the switch clients', stay self-contained.)
+  virtual std::unique_ptr<Request> start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
+                                                            const std::vector<uint64_t>& bounds) {
+    (void)bounds;
+    return start_sum(data, count, type);
+  }
+  virtual std::unique_ptr<Request> start_lookup_reduce_scatter(const uint8_t* packed, uint64_t count,
+                                                               const LookupTable& table, void* sums, IntType type,
+                                                               const std::vector<uint64_t>& bounds) {
+    (void)bounds;
+    return start_lookup_sum(packed, count, table, sums, type, nullptr);
+  }
+  // Allgather of bytes: buf holds this rank's bytes at [bounds[r], bounds[r+1]) and zeros
+  // elsewhere; on completion it holds every rank's. The default is an 8-bit integer sum (exact:
+  // one rank's byte and zeros at every position), so a backend that only adds integers (an
+  // aggregator) gathers too, at n times the bytes.
+  virtual std::unique_ptr<Request> start_allgather(uint8_t* buf, const std::vector<uint64_t>& bounds) {
+    return start_sum(buf, bounds.empty() ? 0 : bounds.back(), IntType::kU8);
+  }
+
   // Whether start_lookup_sum is this backend's native path (parameter server, switch) or only an
   // emulation; the engine's "auto" algorithm choice asks this.
   virtual bool prefers_index_form() const { return false; }

@@ -1,6 +1,7 @@
 #include "collectives/capi/capi.h"
 
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -128,6 +129,7 @@ thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const th
 }
 
 thc_status_t thc_comm_destroy(thc_comm_t comm) {
+  if (comm) thc::capi::drain(comm);  // the nonblocking calls in flight first
   if (comm && comm->engine && comm->engine->config().debug) {
     // THC_DEBUG: what the transport saw (aggregator clients: packets, retransmissions, window,
     // round trips), one line per rank.
@@ -179,67 +181,6 @@ thc_status_t thc_state_reset(thc_state_t state) {
   });
 }
 
-thc_status_t thc_allreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count,
-                                  thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state) {
-  return guard("thc_allreduce", [&] {
-    if (!comm) thc::fail(thc::Status::kInvalidArgument, "comm is NULL");
-    // One call at a time per communicator (thc.h): a second thread is told so rather than racing
-    // the first. Such a call cannot take part in the collective (its exchanges belong to the call
-    // in progress), so it is refused on its own and does not count: like a collective issued
-    // concurrently on one MPI communicator, it is the program's error.
-    if (comm->busy.exchange(true))
-      thc::fail(thc::Status::kInvalidArgument,
-                "thc_comm_t is in use by a call on another thread (a communicator takes one call at a time, "
-                "in the same order on every rank, like an MPI communicator); this call was not made");
-    struct Release {
-      std::atomic<bool>* flag;
-      ~Release() {
-        if (flag) flag->store(false);
-      }
-    } comm_busy{&comm->busy}, state_busy{nullptr};
-    struct CopyStats {
-      thc_comm_t c;
-      ~CopyStats() {
-        std::lock_guard<std::mutex> lk(c->stats_mu);
-        c->stats = c->engine ? c->engine->stats() : c->composite->stats();
-      }
-    } copy_stats{comm};
-    // Everything else that is wrong with the call fails it on every rank: the communicator is
-    // free, so this rank takes part in the call's first exchange with its error (the peers fail
-    // with its status instead of pairing their call with this rank's next one) and the call counts.
-    thc::engine::DType dt{};
-    try {
-      if (op != THC_OP_SUM && op != THC_OP_AVG)
-        thc::fail(thc::Status::kInvalidArgument, "op must be THC_OP_SUM or THC_OP_AVG");
-      if (scheme < THC_SCHEME_THC || scheme > THC_SCHEME_DNAT)
-        thc::fail(thc::Status::kInvalidArgument, "unknown scheme " + std::to_string(static_cast<int>(scheme)));
-      dt = thc::capi::to_dtype(dtype);
-      if (state) {
-        if (state->busy.exchange(true))
-          thc::fail(thc::Status::kInvalidArgument, "the error-feedback state is in use by a call on another thread");
-        state_busy.flag = &state->busy;
-      }
-    } catch (const thc::Error& e) {
-      // count 0 is a call without communication on every rank (thc.h)
-      if (count != 0) {
-        if (comm->engine) {
-          comm->engine->fail_call(e.status());
-        } else {
-          comm->composite->fail_call(e);
-        }
-      }
-      throw;
-    }
-    const auto sch = static_cast<thc::codec::Scheme>(scheme);
-    thc::engine::ErrorFeedback* ef = state ? &state->ef : nullptr;
-    if (comm->engine) {
-      comm->engine->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
-    } else {
-      comm->composite->allreduce(sch, sendbuf, recvbuf, count, dt, op == THC_OP_AVG, ef);
-    }
-  });
-}
-
 thc_status_t thc_allreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype, thc_op_t op,
                            thc_comm_t comm, thc_state_t state) {
   const thc_scheme_t s = (comm && comm->config().uniform) ? THC_SCHEME_UHC : THC_SCHEME_THC;
@@ -268,6 +209,8 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats) {
     stats->packets = s.packets;
     stats->retransmissions = s.retransmissions;
     stats->hier_hosts = comm->composite ? comm->composite->hosts() : 0;
+    stats->groups = s.groups;
+    stats->grouped_tensors = s.grouped_tensors;
   });
 }
 
@@ -280,6 +223,42 @@ void thc_print_knobs(void) {
                 env_ok ? thc::engine::knob_value(k, cur).c_str() : "(env error)", k.help);
   }
   if (!env_ok) std::printf("environment error: %s\n", thc_last_error());
+}
+
+namespace {
+const thc::engine::Knob* find_knob(const char* name) {
+  if (!name) thc::fail(thc::Status::kInvalidArgument, "knob name is NULL");
+  for (const auto& k : thc::engine::knobs())
+    if (std::strcmp(k.env, name) == 0) return &k;
+  thc::fail(thc::Status::kInvalidArgument, std::string("unknown knob '") + name + "' (thc-info lists them)");
+}
+}  // namespace
+
+thc_status_t thc_config_set(thc_config_t* cfg, const char* name, const char* value) {
+  return guard("thc_config_set", [&] {
+    if (!cfg || !value) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
+    const thc::engine::Knob* k = find_knob(name);
+    // Parse into a copy: a malformed value leaves cfg as it was.
+    thc_config_t c = *cfg;
+    std::string err;
+    if (!thc::engine::set_knob(*k, value, &c, &err)) thc::fail(thc::Status::kInvalidArgument, err);
+    *cfg = c;
+  });
+}
+
+thc_status_t thc_config_get(const thc_config_t* cfg, const char* name, char* buf, size_t len) {
+  return guard("thc_config_get", [&] {
+    if (!cfg || !buf) thc::fail(thc::Status::kInvalidArgument, "NULL argument");
+    const std::string v = thc::engine::knob_value(*find_knob(name), *cfg);
+    if (v.size() + 1 > len)
+      thc::fail(thc::Status::kInvalidArgument, std::string(name) + ": value needs " + std::to_string(v.size() + 1) + " bytes");
+    std::memcpy(buf, v.c_str(), v.size() + 1);
+  });
+}
+
+const char* thc_knob_name(int i) {
+  const auto& ks = thc::engine::knobs();
+  return i >= 0 && static_cast<size_t>(i) < ks.size() ? ks[static_cast<size_t>(i)].env : nullptr;
 }
 
 }  // extern "C"

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "collectives/engine/engine.h"
+#include "collectives/engine/progress.h"
 #include "thc/thc.h"
 
 namespace thc::capi {
@@ -21,15 +22,26 @@ class Composite {
   virtual const thc_config_t& config() const = 0;
   virtual void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, engine::DType dtype,
                          bool mean, engine::ErrorFeedback* ef) = 0;
-  // A call (count > 0) that failed before it reached allreduce on a free communicator (a bad
-  // argument the C API found): counts it and takes part in its first exchange, so that every rank
-  // fails it with `why.status()` (Engine::fail_call).
+  // A call (with elements) that failed before it reached the composite on a free communicator (an
+  // argument the C API refused, blocking or not): counts it and takes part in its first exchange,
+  // so that every rank fails it with `why.status()` (Engine::fail_call). Counts as one call even
+  // for a group or shards: a composite runs calls on several tensors one by one and stops at the
+  // first failure, on every rank alike.
   virtual void fail_call(const Error& why) = 0;
   virtual engine::EngineStats stats() const = 0;
   // Hosts the compressed stage spans (thc_stats_t::hier_hosts).
   virtual int hosts() const = 0;
   // THC_DEBUG line at destruction ("" if none).
   virtual std::string wire_stats() const { return {}; }
+  // Calls on several tensors (requests.cc has the defaults): a group as one allreduce per tensor
+  // (stopping at the first failure), reduce-scatter as an allreduce of the whole input of which
+  // this rank keeps its shard, allgather as an allreduce of the shards zero-padded to the whole
+  // (no error feedback). Correct, not fast: a composite that can do better overrides them.
+  virtual void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean);
+  virtual void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
+                              engine::DType dtype, bool mean, engine::ErrorFeedback* ef);
+  virtual void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
+                         engine::DType dtype, engine::ErrorFeedback* ef);
 };
 }  // namespace thc::capi
 
@@ -46,6 +58,12 @@ struct thc_comm_s {
   std::atomic<bool> busy{false};
   std::mutex stats_mu;
   thc::engine::EngineStats stats;
+  // Nonblocking calls (requests.cc): the queue and its progress thread, made by the first one.
+  // inline_requests: the backend takes no second thread (MPI below MPI_THREAD_MULTIPLE), so calls
+  // run on the thread that starts them. Declared last: destroyed (drained, joined) first.
+  bool inline_requests = false;
+  std::mutex progress_mu;
+  std::unique_ptr<thc::engine::Progress> progress;
 };
 struct thc_state_s {
   thc::engine::ErrorFeedback ef;
@@ -63,4 +81,16 @@ engine::DType to_dtype(thc_dtype_t t);
 thc_status_t create_comm(std::unique_ptr<transport::Reducer> r, const thc_config_t* cfg, thc_comm_t* comm);
 // A communicator whose calls go to c.
 thc_status_t create_composite(std::unique_ptr<Composite> c, thc_comm_t* comm);
+
+// Runs a blocking call of comm (requests.cc): on this thread when no nonblocking call is in
+// flight, else queued behind them (in the order this rank started them) and waited for.
+void run_ordered(thc_comm_t comm, const std::function<void()>& fn);
+// Waits for comm's nonblocking calls and stops its progress thread (thc_comm_destroy).
+void drain(thc_comm_t comm);
+// thc_iallreduce_scheme for the MPI-like API: `after` runs on the thread that ran the call, once
+// it is over and in the order the calls were started (it completes MPI requests), with the
+// call's status and message. request may be NULL (no handle kept).
+thc_status_t iallreduce(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype,
+                        thc_op_t op, thc_comm_t comm, thc_state_t state,
+                        std::function<void(thc_status_t, const std::string&)> after, thc_request_t* request);
 }  // namespace thc::capi

@@ -2,6 +2,7 @@
 #include "collectives/engine/device_pointer.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdint>
 #include <atomic>
@@ -24,17 +25,37 @@ PointerGetAttribute load() {
   return reinterpret_cast<PointerGetAttribute>(dlsym(h, "cuPointerGetAttribute"));
 }
 
+// The dynamic linker's count of objects loaded so far (dl_phdr_info::dlpi_adds): it changes
+// whenever a library may have been loaded. Reading it takes the loader's lock, no search.
+int count_loads(dl_phdr_info* info, size_t, void* out) {
+  *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+  return 1;  // every object carries the process-wide counter: the first will do
+}
+unsigned long long loads() {
+  unsigned long long n = 0;
+  dl_iterate_phdr(count_loads, &n);
+  return n;
+}
+
 }  // namespace
 
 extern "C" int thc_cuda_is_device_pointer(const void* ptr) {
   if (!ptr) return 0;
   // Not cached while absent: the driver may be loaded after the first call (CUDA initialised
-  // after MPI_Init); a failed RTLD_NOLOAD lookup is cheap.
+  // after MPI_Init). But a failed RTLD_NOLOAD lookup searches the loader's cache (page faults and
+  // some microseconds each: a call on 200 tensors asks 400 times), so it is tried again only once
+  // the dynamic linker has loaded something since the last failure.
   static std::atomic<PointerGetAttribute> cached{nullptr};
+  static std::atomic<unsigned long long> absent_at{~0ull};
   PointerGetAttribute fn = cached.load(std::memory_order_acquire);
   if (!fn) {
+    const unsigned long long now = loads();
+    if (now == absent_at.load(std::memory_order_acquire)) return 0;
     fn = load();
-    if (!fn) return 0;
+    if (!fn) {
+      absent_at.store(now, std::memory_order_release);
+      return 0;
+    }
     cached.store(fn, std::memory_order_release);
   }
   const auto p = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr));

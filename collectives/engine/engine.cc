@@ -225,6 +225,9 @@ std::array<Engine::PreludeField, Engine::kPreludeFields> Engine::prelude_fields(
       // On an aggregator job with partial aggregation a rank that rejoined after being left behind
       // has made fewer calls: there the ranks take the newest round instead (kWordRound).
       {"the call sequence (a rank skipped or added a call)", p.round_by_max ? 0u : p.rng.round},
+      // Calls on several tensors (groups, reduce-scatter, allgather; stream.cc): which collective
+      // and every tensor's count in order, so calls started in different orders are told apart.
+      {"the tensors of a call on several (their counts in order, or the collective)", p.tensors_digest},
   }};
 }
 
@@ -289,9 +292,9 @@ void Engine::abort_prelude(Status why) {
   }
 }
 
-void Engine::fail_call(Status why) {
+void Engine::fail_call(Status why, uint32_t calls) {
   // As a call whose plan failed (allreduce): it counts, and the peers fail it with `why`.
-  round_ = round_ + 1;
+  round_ += calls;
   abort_prelude(why);
 }
 

@@ -37,6 +37,15 @@ struct ErrorFeedback {
 
 enum class Algo { kInt, kPs };
 
+// One tensor of a call on several (a group; the shards of reduce-scatter and allgather).
+struct Tensor {
+  const void* send = nullptr;  // nullptr or THC_IN_PLACE: in place (recv)
+  void* recv = nullptr;
+  uint64_t count = 0;
+  DType dtype = DType::kF32;
+  ErrorFeedback* ef = nullptr;
+};
+
 // What one call needs beyond its buffers, shared by the host and device paths.
 struct CallPlan {
   codec::Scheme scheme = codec::Scheme::kThc;
@@ -52,6 +61,9 @@ struct CallPlan {
   uint64_t digest = 0;                                  // hash of everything that must agree
   uint64_t chunk_blocks = 1;                            // pipelining unit
   bool round_by_max = false;  // ranks agree on the newest call round (aggregator jobs with stragglers)
+  // Calls on several tensors (stream.cc): which collective and the tensors' counts in order (0 for
+  // a call on one tensor), agreed in the first exchange like the count.
+  uint64_t tensors_digest = 0;
 };
 
 // A block range of a chunk whose sums share one contributor set (a backend that splits an
@@ -74,6 +86,8 @@ struct EngineStats {
   uint64_t retransmissions = 0;
   bool measured_wire = false;    // wire bytes are counted datagrams, not a model
   Algo last_algo = Algo::kInt;
+  uint64_t groups = 0;           // calls on several tensors as one stream (stream.cc)
+  uint64_t grouped_tensors = 0;
 };
 
 class Engine {
@@ -91,6 +105,23 @@ class Engine {
   void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, DType dtype,
                  bool mean, ErrorFeedback* ef);
 
+  // Several tensors as one stream (stream.cc): one first exchange, one pipeline of chunks over
+  // every tensor's blocks; tensor i (of those with count > 0) runs as call round r + i, so its
+  // result is what allreduce would return for it as the i-th of that many calls. Host buffers.
+  void allreduce_group(codec::Scheme scheme, const Tensor* ts, size_t n, bool mean);
+  // Compressed reduce-scatter: send holds counts[0..size()) elements (shard q = the counts[q]
+  // after sum(counts[0..q))); this rank's shard of the decoded sum goes to recv. Each shard is a
+  // tensor of the stream (as in allreduce_group); rank q's result is bit-identical to its shard's
+  // in allreduce_group. send == nullptr / THC_IN_PLACE: input in recv, shard written at its front.
+  // ef: residual of the whole input.
+  void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, DType dtype,
+                      bool mean, ErrorFeedback* ef);
+  // Lossy allgather: rank q's counts[q] elements (send) encoded once by rank q (index form),
+  // decoded by every rank into recv at offset sum(counts[0..q)). ef: this rank's shard's residual.
+  // send == nullptr / THC_IN_PLACE: own shard read from its place in recv.
+  void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, DType dtype,
+                 ErrorFeedback* ef);
+
   // The parts of allreduce the device path shares (device.h).
   // A call's plan; advances the call counter that freshens the randomness.
   CallPlan plan(codec::Scheme scheme, uint64_t count, DType dtype, bool mean);
@@ -99,7 +130,7 @@ class Engine {
     const char* what;
     uint64_t value;
   };
-  static constexpr size_t kPreludeFields = 7;
+  static constexpr size_t kPreludeFields = 8;
   static std::array<PreludeField, kPreludeFields> prelude_fields(const CallPlan& plan);
   // pre: plan.lay.nblocks statistics (float bits) followed by kPreludeCheck words (room the
   // device prelude fills; ignored here). First a fixed-size MAX whatever the count: failures of
@@ -113,10 +144,11 @@ class Engine {
   // Instead of exchange_prelude on a rank whose call failed before it: takes part in the first,
   // fixed-size exchange so that every rank fails the call with `why` instead of waiting.
   void abort_prelude(Status why);
-  // A call (count > 0) that failed before it reached allreduce, on a free communicator (a bad
-  // argument the C API found): counts it and takes part in its first exchange, so that every
-  // rank fails it with `why` and the calls stay paired.
-  void fail_call(Status why);
+  // A call (with elements) that failed before it reached the engine, on a free communicator (an
+  // argument the C API refused, blocking or not): counts it as `calls` calls (a group or the
+  // shards of reduce-scatter/allgather count one per non-empty tensor) and takes part in its
+  // first exchange, so that every rank fails it with `why` and the calls stay paired.
+  void fail_call(Status why, uint32_t calls = 1);
   // Statistics of a finished call that moved wire_total elements.
   void account(const CallPlan& plan, uint64_t wire_total);
 
@@ -140,6 +172,9 @@ class Engine {
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
   // The exchange that names every rank a failure concerns (agreement.h name_ranks), or null.
   std::function<void(uint32_t*, size_t)> naming_exchange();
+  // stream.cc: the pipeline of allreduce_group, reduce_scatter and allgather.
+  struct Stream;
+  void run_stream(Stream& st);
 };
 
 }  // namespace thc::engine

@@ -54,6 +54,9 @@ const std::vector<Knob>& knobs() {
       THC_KNOB("THC_HIER", kEnum, hier, "auto", "auto=-1|0=0|1=1", "MPI communicators: float reduce-scatter inside each host over shared memory, compressed allreduce across hosts (sharded over the host's ranks), allgather inside the host; auto = on with more than one host and more than one rank on some host, 1 = on with more than one host"),
       THC_KNOB_STR("THC_HIER_HOSTS", hier_hosts, "", "test aid: emulate hosts for THC_HIER on one machine: sizes of consecutive blocks of MPI_COMM_WORLD ranks (e.g. 2,2 or 3,1) instead of the real hosts (ranks that share a kernel and a PID namespace); empty: the real hosts"),
       THC_KNOB("THC_HIER_ARENA_BYTES", kLong, hier_arena_bytes, "268435456", nullptr, "THC_HIER: shared memory per host for the intra-host stage, at most (an anonymous memfd, not /dev/shm); calls larger than it fits stream through it in rounds"),
+      THC_KNOB("THC_FUSION_BYTES", kLong, fusion_bytes, "67108864", nullptr, "nonblocking allreduces of one scheme and op started back to back are fused into one compressed stream of at most this many input bytes (Horovod's fusion threshold; 0: never fused); the interposer also compresses nonblocking allreduces below THC_MIN_BYTES when it is on"),
+      THC_KNOB("THC_FUSION_CYCLE_MS", kDouble, fusion_cycle_ms, "1", nullptr, "how long the progress thread waits for more nonblocking allreduces to fuse with the first one in its queue (Horovod's cycle time); a wait on one of them ends it"),
+      THC_KNOB("THC_MPI_ALLGATHER", kEnum, mpi_allgather, "off", "off=-1|thc=0|uhc=1|cnat=2|dnat=3", "PMPI interposer: LOSSY compressed MPI_Allgather of float/half/bf16 of at least THC_MIN_BYTES per rank (off: exact, as parameters usually need)"),
   };
   return table;
 }

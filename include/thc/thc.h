@@ -11,13 +11,14 @@
  *
  * Every call starts with one exchange of a fixed size, whatever the count, that checks what the
  * ranks must agree on (the codec and its configuration, count, op, THC_CHUNK_BYTES, THC_ALGO,
- * THC_BIDIR, and the number of calls made so far on the communicator) and looks for NaN/Inf in
- * the input. A disagreement is THC_ERR_CONFIG_MISMATCH on every rank, NaN/Inf is
- * THC_ERR_NONFINITE on every rank, and a rank whose call fails before that exchange (a bad
- * argument such as an unknown datatype, op or scheme, or a thc_state_t in use by another thread;
- * a configuration that overflows) still takes part in it, so every rank fails the call with that
- * rank's status, and the call counts on every rank. After these errors nothing was reduced,
- * recvbuf is untouched and the communicator stays usable; the message names the ranks concerned.
+ * THC_BIDIR, the number of calls made so far on the communicator, and the tensors' counts of a
+ * call on several) and looks for NaN/Inf in the input. A disagreement is THC_ERR_CONFIG_MISMATCH
+ * on every rank, NaN/Inf is THC_ERR_NONFINITE on every rank, and a rank whose call fails before
+ * that exchange (a bad argument such as an unknown datatype, op or scheme, or a thc_state_t in
+ * use by another call; a configuration that overflows) still takes part in it, so every rank
+ * fails the call with that rank's status, and the call counts on every rank. After these errors
+ * nothing was reduced, recvbuf is untouched and the communicator stays usable; the message names
+ * the ranks concerned.
  * A peer that does not answer is THC_ERR_TIMEOUT once a wait has gone THC_TIMEOUT_MS without
  * progress (an inactivity bound, not a bound on the call; <= 0: no bound on MPI and in-process
  * communicators); on an MPI communicator that communicator is then unusable (see thc_mpi.h).
@@ -27,9 +28,11 @@
  * a call made while another thread's call on the same communicator is running fails with
  * THC_ERR_INVALID_ARG on its own thread instead of racing it; it cannot take part in the
  * collective, so it does not count (the program's error, as concurrent collectives on one MPI
- * communicator are). A call with a thc_state_t in use by another thread, on a free communicator,
- * is a bad argument like any other (above). Calls on different communicators may run
- * concurrently (MPI communicators then need MPI_THREAD_MULTIPLE). thc_comm_rank, thc_comm_size and thc_comm_stats are safe at any time;
+ * communicator are). Nonblocking calls (below) queue instead of being refused. A call with a
+ * thc_state_t in use by another call (another thread's, or a nonblocking call in flight), on a
+ * free communicator, is a bad argument like any other (above). Calls on different communicators
+ * may run concurrently (MPI communicators then need MPI_THREAD_MULTIPLE). thc_comm_rank,
+ * thc_comm_size and thc_comm_stats are safe at any time;
  * thc_comm_destroy and thc_state_destroy must not overlap a call on the same object.
  * thc_last_error is per thread.
  */
@@ -114,6 +117,10 @@ typedef struct thc_config {
                           * one host, 2-3 on another) instead of the real ones; "" = the real split */
   long hier_arena_bytes; /* THC_HIER_ARENA_BYTES: shared memory per host for THC_HIER's intra-host stage
                           * (larger calls stream through it in rounds) */
+  long fusion_bytes;     /* THC_FUSION_BYTES: nonblocking allreduces started back to back are fused into one
+                          * stream of at most this many input bytes (0: never fused) */
+  double fusion_cycle_ms;/* THC_FUSION_CYCLE_MS: how long the progress thread waits for more calls to fuse */
+  int mpi_allgather;     /* THC_MPI_ALLGATHER: interposer: lossy MPI_Allgather of floats: -1 off, else thc_scheme_t */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;
@@ -180,11 +187,149 @@ typedef struct thc_stats {
   int hier_hosts;            /* hierarchical MPI communicators (THC_HIER): the hosts the compressed
                               * stage spans; the wire bytes are this rank's share of that stage (what
                               * crosses hosts), elements and float_bytes the whole calls'. 0: flat */
+  uint64_t groups;           /* calls that ran several tensors as one stream (thc_allreduce_group,
+                              * fused nonblocking allreduces) */
+  uint64_t grouped_tensors;  /* the tensors of those calls (each also counts in `calls`) */
 } thc_stats_t;
 thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
 
+/* ---- Nonblocking calls ---------------------------------------------------------------------
+ *
+ * thc_iallreduce (and every thc_i* call below) starts a collective and returns at once with a
+ * request. The call runs on the communicator's progress thread (one per communicator, started by
+ * its first nonblocking call and joined by thc_comm_destroy), so it progresses while the caller
+ * computes, without the caller polling. The rules are MPI's for nonblocking collectives:
+ *
+ * - Every rank starts the same collectives on a communicator in the same order, blocking and
+ *   nonblocking alike, and they complete in that order. Any number may be in flight. A blocking
+ *   call on a communicator with calls in flight runs after them. Ranks that start them in
+ *   different orders get THC_ERR_CONFIG_MISMATCH on every rank (what was matched differs: counts,
+ *   tensors, schemes), as for blocking calls.
+ * - Until its request completes, a call owns its buffers and its state: do not write sendbuf or
+ *   touch recvbuf or the state before thc_test says done or thc_wait returns.
+ * - Errors are reported on the request: thc_test / thc_wait return the call's status (and set
+ *   thc_last_error() on the thread that completes the request); it is the same on every rank, as
+ *   for a blocking call (a rank's bad argument fails the call on every rank, NaN/Inf anywhere is
+ *   THC_ERR_NONFINITE everywhere, with recvbuf and the state untouched). The start call itself
+ *   fails (and makes no request) only when there is no call to report on: comm or request NULL,
+ *   or, for groups, tensors NULL with ntensors > 0.
+ * - Completing a request (thc_test saying done, thc_wait, thc_waitall) frees it and sets the
+ *   handle to THC_REQUEST_NULL; completing THC_REQUEST_NULL succeeds at once. thc_request_free
+ *   lets go of a request without waiting: the call still runs to the end (its buffers stay in use
+ *   until then) and its status is lost. A started call cannot be cancelled: its peers take part in
+ *   it (MPI cannot cancel collectives either).
+ * - thc_comm_destroy first waits for the calls in flight on the communicator (each bounded by
+ *   THC_TIMEOUT_MS); their requests stay valid until completed or freed.
+ * - Fusion: nonblocking allreduces of host buffers with the same scheme and op, started back to
+ *   back, are fused into one compressed stream (as thc_iallreduce_group) of at most
+ *   THC_FUSION_BYTES input bytes; the progress thread waits up to THC_FUSION_CYCLE_MS for more
+ *   (Horovod's fusion threshold and cycle time), no longer once a request of the group is waited
+ *   on. The ranks agree on each group's members (the calls every rank has started), so fusion
+ *   depends on timing but never breaks the order; a fused call returns the same bits as unfused
+ *   ones (each tensor keeps its own blocks, statistics and randomness).
+ * - Progress needs a thread in the backend. On an MPI communicator that means
+ *   MPI_THREAD_MULTIPLE; at a lower thread level nonblocking calls run to completion before the
+ *   start call returns (correct results, no overlap; their requests still complete as usual).
+ *   In-process and aggregator communicators always have the progress thread.
+ * - Device buffers (CUDA) work in thc_iallreduce as in thc_allreduce (writes to sendbuf on other
+ *   streams must be complete before the start call); groups, reduce-scatter and allgather take
+ *   host memory.
+ */
+typedef struct thc_request_s* thc_request_t;
+#define THC_REQUEST_NULL ((thc_request_t)0)
+
+thc_status_t thc_iallreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype, thc_op_t op,
+                            thc_comm_t comm, thc_state_t state, thc_request_t* request);
+thc_status_t cnat_iallreduce(const void* sendbuf, void* recvbuf, size_t count, thc_dtype_t dtype, thc_op_t op,
+                             thc_comm_t comm, thc_state_t state, thc_request_t* request);
+thc_status_t thc_iallreduce_scheme(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count,
+                                   thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state,
+                                   thc_request_t* request);
+
+/* *done = 1 and the call's status once it has completed (the request is freed, *request becomes
+ * THC_REQUEST_NULL); *done = 0 and THC_SUCCESS while it runs. Never blocks. */
+thc_status_t thc_test(thc_request_t* request, int* done);
+/* Blocks until the call completes; returns its status; frees the request. */
+thc_status_t thc_wait(thc_request_t* request);
+/* Waits for every request; statuses (may be NULL) receives each call's status. Returns
+ * THC_SUCCESS when every call succeeded, otherwise the status of the first failed one (lowest
+ * index; thc_last_error() says why). Every request is freed. */
+thc_status_t thc_waitall(size_t count, thc_request_t* requests, thc_status_t* statuses);
+/* Lets go of a request without waiting (see above); *request becomes THC_REQUEST_NULL. */
+thc_status_t thc_request_free(thc_request_t* request);
+
+/* ---- Groups: several tensors compressed as one stream ---------------------------------------
+ *
+ * One call for a list of tensors (a DDP bucket, Horovod's fused tensors, every gradient of a
+ * model): one first exchange (prelude) for all of them and one pipeline of chunks over their
+ * blocks, so small tensors share the per-call cost that makes them slow alone. Each tensor keeps
+ * whole blocks of its own (statistics, rotation and error feedback per tensor, in `state`), so
+ * every tensor's result is bit-identical to a thc_allreduce_scheme of it alone in the same place
+ * in the sequence of calls (THC_BIDIR aside); a group counts as one call per tensor with
+ * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
+ * communicator (THC_HIER) a group runs tensor by tensor. A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
+ * array may be freed once the start call returns; the buffers belong to the call until it
+ * completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
+ * number of tensors with the same counts (THC_ERR_CONFIG_MISMATCH otherwise). */
+typedef struct thc_tensor {
+  const void* sendbuf;
+  void* recvbuf;
+  size_t count;
+  thc_dtype_t dtype;
+  thc_state_t state; /* error feedback of this tensor, or NULL */
+} thc_tensor_t;
+thc_status_t thc_allreduce_group(thc_scheme_t scheme, const thc_tensor_t* tensors, size_t ntensors, thc_op_t op,
+                                 thc_comm_t comm);
+thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tensors, size_t ntensors, thc_op_t op,
+                                  thc_comm_t comm, thc_request_t* request);
+
+/* ---- Reduce-scatter and allgather ------------------------------------------------------------
+ *
+ * thc_reduce_scatter: sendbuf holds sum(recvcounts[0..size)) elements; rank r receives in recvbuf
+ * its shard, elements [sum(recvcounts[0..r)), + recvcounts[r]) of the decoded SUM (or AVG) over
+ * the ranks: the first half of the colocated parameter server, without the allgather. Shards of
+ * any sizes (0 included). Each shard is compressed as a tensor of its own (whole blocks, as in a
+ * group), so rank r's result is bit-identical to its shard of a thc_allreduce_group of the shards;
+ * the call counts as one call per non-empty shard. sendbuf THC_IN_PLACE (or NULL): the input is
+ * read from recvbuf, which then holds all sum(recvcounts) elements and receives the shard at its
+ * front (as MPI_Reduce_scatter with MPI_IN_PLACE). state: error feedback of the whole input (bound to
+ * sum(recvcounts)): each shard's residual is kept by every rank for its own contribution.
+ * recvcounts must be the same on every rank (THC_ERR_CONFIG_MISMATCH otherwise).
+ *
+ * thc_allgather: a LOSSY allgather, for when that is what is wanted (parameters are usually
+ * gathered exactly, with MPI_Allgather or ncclAllGather): rank r's recvcounts[r] elements
+ * (sendbuf) are encoded once by rank r (the scheme's b-bit codes: THC 4 bits per element instead
+ * of 32) and decoded by every rank; recvbuf receives sum(recvcounts) elements, rank r's at offset
+ * sum(recvcounts[0..r)), identical bits on every rank, rank r's own shard included (it gets the
+ * decoded value too, so all ranks hold the same parameters). Same error bound per shard as one
+ * worker's contribution to an allreduce (no averaging over workers). state: error feedback of
+ * this rank's shard (bound to recvcounts[rank]). sendbuf THC_IN_PLACE (or NULL): the own shard is
+ * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI
+ * communicator (THC_HIER) both run through its allreduce (README, Limitations). */
+thc_status_t thc_reduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
+                                thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state);
+thc_status_t thc_ireduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
+                                 thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state,
+                                 thc_request_t* request);
+thc_status_t thc_allgather(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
+                           thc_dtype_t dtype, thc_comm_t comm, thc_state_t state);
+thc_status_t thc_iallgather(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
+                            thc_dtype_t dtype, thc_comm_t comm, thc_state_t state, thc_request_t* request);
+
 /* Print every knob (name, default, current value, help) to stdout. */
 void thc_print_knobs(void);
+
+/* Knobs by name, spelled as their environment variables ("THC_BITS", "2"; "THC_P", "1/32";
+ * "THC_ALGO", "ps"): the parsing thc_config_init applies to the environment, for bindings and
+ * command lines. Ranges are checked where the configuration is used (communicator creation, a
+ * call), as for the environment. THC_ERR_INVALID_ARG for an unknown name or a malformed value
+ * (cfg is then unchanged). */
+thc_status_t thc_config_set(thc_config_t* cfg, const char* name, const char* value);
+/* The value of knob `name` in cfg as the environment would spell it, NUL-terminated in buf
+ * (THC_ERR_INVALID_ARG for an unknown name or a buf of fewer than the value's bytes + 1). */
+thc_status_t thc_config_get(const thc_config_t* cfg, const char* name, char* buf, size_t len);
+/* Name of knob i (0, 1, ...; NULL after the last), to enumerate them. */
+const char* thc_knob_name(int i);
 
 #ifdef __cplusplus
 }

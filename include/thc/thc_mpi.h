@@ -67,6 +67,40 @@ int CNAT_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
 int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
                     MPI_Op op, MPI_Comm comm, thc_state_t state);
 
+/* Nonblocking (thc.h, "Nonblocking calls"): MPI_Iallreduce's signature. *request is an MPI
+ * generalized request (MPI_Grequest_start): MPI_Wait, MPI_Test, MPI_Waitall, MPI_Waitany,
+ * MPI_Testall, ... complete it like any MPI request, and MPI_Request_free lets go of it (the call
+ * still completes). The call runs on the progress thread of the thc communicator cached on comm,
+ * which calls MPI: with MPI_THREAD_MULTIPLE it overlaps the caller's work; at a lower thread level
+ * it completes before the start call returns and the request is already complete. A failure is
+ * the request's status (status.MPI_ERROR, and what MPI_Wait returns: MPI_ERR_OTHER, or
+ * MPI_ERR_IN_STATUS from the multiple-completion calls), the same on every rank; the message goes
+ * to stderr. Invalid start arguments (count < 0, THC_MPI_AVG on integers) are returned by the start
+ * call (MPI_ERR_COUNT, MPI_ERR_OP) before anything starts, as THC_Allreduce does. Uncompressed
+ * types and ops start PMPI_Iallreduce (an ordinary MPI request). Unlike MPI, the first call on a
+ * communicator creates its thc state collectively before returning. */
+int THC_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                   MPI_Request* request);
+int CNAT_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                    MPI_Request* request);
+int THC_Iallreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
+                     MPI_Op op, MPI_Comm comm, thc_state_t state, MPI_Request* request);
+
+/* Compressed reduce-scatter (thc_reduce_scatter) with MPI_Reduce_scatter's and
+ * MPI_Reduce_scatter_block's signatures; THC scheme (uniform THC if THC_UNIFORM). Types and ops
+ * that are not compressed go to PMPI_Reduce_scatter(_block) untouched. */
+int THC_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[], MPI_Datatype datatype, MPI_Op op,
+                       MPI_Comm comm);
+int THC_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
+                             MPI_Comm comm);
+/* Any scheme, explicit error-feedback state (may be NULL). */
+int THC_Reduce_scatter_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const int recvcounts[],
+                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, thc_state_t state);
+/* LOSSY allgather (thc_allgather) with MPI_Allgather's signature, for float, half and bfloat16
+ * (sendtype == recvtype, sendcount == recvcount); other types go to PMPI_Allgather. */
+int THC_Allgather_x(thc_scheme_t scheme, const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf,
+                    int recvcount, MPI_Datatype recvtype, MPI_Comm comm, thc_state_t state);
+
 /* The thc communicator cached on comm, created collectively on first use (as THC_Allreduce does)
  * and destroyed with comm: for thc_allreduce_scheme's status codes on an MPI communicator. */
 thc_status_t THC_Comm_get(MPI_Comm comm, thc_comm_t* comm_out);

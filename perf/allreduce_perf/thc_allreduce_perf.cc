@@ -38,6 +38,15 @@
 // NCCL_COLLNET_ENABLE=1 THC_COLLNET_AGGREGATOR=...): --scheme stays none, the NMSE column shows
 // what it cost (pass --nmse-bound, e.g. 0.1, when CollNet compresses). wire_B/elem is the nominal
 // 2(n-1)/n * element size of an uncompressed ring; algo says "nccl".
+//
+// --op reduce_scatter times the ZeRO / FSDP gradient step instead: size is the whole input of a rank
+// (nccl-tests' reduce_scatter_perf convention), each rank receives size/n bytes (equal shards of
+// count/n elements), busbw = algbw * (n-1)/n. thc schemes run thc_reduce_scatter (the colocated
+// PS without its allgather, or a ring reduce-scatter of values), --scheme none
+// MPI_Reduce_scatter_block, bf16 the same on bfloat16. wire_B/elem is what a rank sends per input
+// element: (n-1)/n of its codes (thc), of its element bytes (none, bf16). The NMSE compares each
+// rank's shard with its exact shard. -o/--op takes the reduction (sum, avg) and the collective
+// (allreduce, reduce_scatter) alike, e.g. --op reduce_scatter -o avg.
 #include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -213,6 +222,8 @@ struct Options {
   double factor = 1;
   int iters = 20, warmup = 5, checks = 1;
   std::string dtype = "float", op = "sum", scheme = "none", algo = "auto";
+  std::vector<std::string> ops;  // -o/--op values: sum|avg and allreduce|reduce_scatter
+  bool rs = false;
   int bits = -1, granularity = -1, nat_width = -1, nat_levels = -1, bidir = -1;
   std::string p, dnat_norm;
   long block = -1;
@@ -310,7 +321,11 @@ int main(int argc, char** argv) {
   app.add_option("-c,--check", o.checks, "check iterations (NMSE against an exact float64 allreduce; 0 = none)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("-d,--datatype", o.dtype, "float | half | bfloat16 | double");
-  app.add_option("-o,--op", o.op, "sum | avg")->check(CLI::IsMember({"sum", "avg"}));
+  app.add_option("-o,--op", o.ops,
+                 "sum | avg (the reduction), allreduce | reduce_scatter (the collective; reduce_scatter: each rank gets "
+                 "its 1/n shard of the sum, busbw factor (n-1)/n); may be given twice")
+      ->check(CLI::IsMember({"sum", "avg", "allreduce", "reduce_scatter"}))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--scheme", o.scheme,
                  "none (float MPI_Allreduce) | bf16 (float32 -> bfloat16 MPI_Allreduce -> float32, the DDP/Horovod "
                  "compression hook) | thc | uhc | cnat | dnat")
@@ -352,6 +367,10 @@ int main(int argc, char** argv) {
     return rc;
   }
 
+  for (const std::string& v : o.ops) {
+    if (v == "sum" || v == "avg") o.op = v;
+    if (v == "allreduce" || v == "reduce_scatter") o.rs = v == "reduce_scatter";
+  }
   if (!parse_size(o.min_s, &o.min_bytes)) die_all("bad -b size '" + o.min_s + "'");
   if (!parse_size(o.max_s, &o.max_bytes)) die_all("bad -e size '" + o.max_s + "'");
   if (!parse_size(o.step_s, &o.step_bytes)) die_all("bad -i size '" + o.step_s + "'");
@@ -390,6 +409,7 @@ int main(int argc, char** argv) {
 #else
   if (o.device) die_all("--device: this build has no CUDA (configure with THC_WITH_CUDA)");
 #endif
+  if (o.rs && (o.device || o.nccl)) die_all("--op reduce_scatter runs on host buffers (no --device, --nccl)");
   const bool avg = o.op == "avg";
   thc_scheme_t scheme = THC_SCHEME_THC;
   if (o.scheme == "uhc") scheme = THC_SCHEME_UHC;
@@ -477,9 +497,10 @@ int main(int argc, char** argv) {
 
   // ---- header (nccl-tests style)
   if (g_rank == 0) {
-    std::printf("# thc_allreduce_perf (thc %s): nRanks %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
+    std::printf("# thc_allreduce_perf (thc %s): %snRanks %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
                 "iters: %d check iters: %d\n",
-                thc_version(), g_size, static_cast<unsigned long long>(o.min_bytes),
+                thc_version(), o.rs ? "collective: reduce_scatter (busbw factor (n-1)/n) " : "", g_size,
+                static_cast<unsigned long long>(o.min_bytes),
                 static_cast<unsigned long long>(o.max_bytes),
                 static_cast<unsigned long long>(o.factor > 1 ? static_cast<uint64_t>(o.factor) : o.step_bytes),
                 o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.checks);
@@ -490,10 +511,10 @@ int main(int argc, char** argv) {
                   std::getenv("NCCL_COLLNET_ENABLE") ? std::getenv("NCCL_COLLNET_ENABLE") : "(unset)");
 #endif
     } else if (none) {
-      std::printf("# scheme: none (MPI_Allreduce on %s)", ti.name);
+      std::printf("# scheme: none (%s on %s)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce", ti.name);
     } else if (bf16) {
-      std::printf("# scheme: bf16 (float -> bfloat16, MPI_Allreduce with a bfloat16 SUM op in float, round to nearest "
-                  "even, -> float)");
+      std::printf("# scheme: bf16 (float -> bfloat16, %s with a bfloat16 SUM op in float, round to nearest "
+                  "even, -> float)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
     } else {
       std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
       if (scheme == THC_SCHEME_THC || scheme == THC_SCHEME_UHC)
@@ -547,8 +568,11 @@ int main(int argc, char** argv) {
 
   for (uint64_t size = o.min_bytes; size <= o.max_bytes;
        size = o.factor > 1 ? std::max<uint64_t>(size + 1, static_cast<uint64_t>(size * o.factor)) : size + o.step_bytes) {
-    const size_t count = size / ti.size;
+    // reduce_scatter: count is the whole input, equal shards of count/n (what is left over is not sent)
+    const size_t count = o.rs ? size / ti.size / g_size * g_size : size / ti.size;
+    const size_t shard = o.rs ? count / g_size : count;
     const uint64_t bytes = count * ti.size;
+    const std::vector<size_t> shards(static_cast<size_t>(g_size), shard);
     std::vector<char> send(bytes + 8), recv(bytes + 8);
     {
       std::mt19937_64 gen((o.seed ? o.seed : 1) * 1000003ull + static_cast<uint64_t>(g_rank) * 7919ull + count);
@@ -557,7 +581,7 @@ int main(int argc, char** argv) {
     }
     thc_state_t state = nullptr;
     if (o.ef && thc_run && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
-    std::vector<uint16_t> b16(bf16 ? count + 4 : 0);
+    std::vector<uint16_t> b16(bf16 ? count + shard + 4 : 0);
 
     // --device: the same inputs in device memory; results come back to recv for the checks.
     char* dsend = nullptr;
@@ -590,7 +614,34 @@ int main(int argc, char** argv) {
         return;
       }
 #endif
-      if (none) {
+      if (o.rs) {
+        if (none || bf16) {
+          const void* s = send.data();
+          void* r = recv.data();
+          MPI_Datatype t = mdt;
+          MPI_Op op = mop;
+          if (bf16) {
+            const float* x = reinterpret_cast<const float*>(send.data());
+            for (size_t i = 0; i < count; ++i) b16[i] = float_to_bf16(x[i]);
+            s = b16.data();
+            r = b16.data() + count;
+            t = g_bf16;
+            op = g_sum16;
+          }
+          if (shard > static_cast<size_t>(INT_MAX)) die("--op reduce_scatter: MPI counts are int");
+          if (MPI_Reduce_scatter_block(s, r, static_cast<int>(shard), t, op, MPI_COMM_WORLD) != MPI_SUCCESS)
+            die("MPI_Reduce_scatter_block failed");
+          if (bf16)
+            for (size_t i = 0; i < shard; ++i)
+              reinterpret_cast<float*>(recv.data())[i] = bf16_to_float(b16[count + i]);
+          if (avg)
+            for (size_t i = 0; i < shard; ++i) store(recv.data(), ti.thc, i, load(recv.data(), ti.thc, i) / g_size);
+        } else if (const thc_status_t st = thc_reduce_scatter(scheme, send.data(), recv.data(), shards.data(), ti.thc,
+                                                              top, tc, state);
+                   st != THC_SUCCESS) {
+          die(std::string("thc_reduce_scatter returned ") + status_name(st) + ": " + thc_last_error());
+        }
+      } else if (none) {
         // (on device buffers: staged through host memory, as an MPI without CUDA support needs)
         char* s = send.data();
         char* r = recv.data();
@@ -655,13 +706,21 @@ int main(int argc, char** argv) {
     row.redop = o.op;
     row.time_us = dtmax * 1e6;
     row.algbw = dtmax > 0 ? static_cast<double>(bytes) / 1e9 / dtmax : 0;
-    row.busbw = row.algbw * (g_size > 1 ? 2.0 * (g_size - 1) / g_size : 0.0);
+    row.busbw = row.algbw * (g_size > 1 ? (o.rs ? 1.0 : 2.0) * (g_size - 1) / g_size : 0.0);
     // The compressed stage's ranks: all (flat) or one per host (hierarchical).
     const int peers = thc_run && s1.hier_hosts > 0 ? s1.hier_hosts : g_size;
     const double share = peers > 1 ? (peers - 1.0) / peers : 0.0;
     // What crosses this rank's host link per element, each way (see host_link_per_elem).
     double cross_up = 0, cross_down = 0;
-    if (!thc_run) {
+    if (o.rs) {
+      // What this rank sends per input element: (n-1)/n of its values (none, bf16) or codes (thc).
+      const double elems = thc_run ? static_cast<double>(s1.elements - s0.elements) : 0;
+      row.wire = thc_run ? (elems > 0 ? share * static_cast<double>(s1.wire_bytes_up - s0.wire_bytes_up) / elems : 0)
+                         : share * static_cast<double>(bf16 ? 2 : ti.size);
+      row.wire_up = row.wire_down = row.wire;
+      row.algo = thc_run ? (s1.calls == 0 ? "-" : (s1.last_algo == THC_ALGO_PS ? "ps" : "int")) : "mpi";
+      if (g_hosts > 1 && g_host_rank == 0) cross_up = cross_down = row.wire;
+    } else if (!thc_run) {
       row.wire = 2.0 * share * static_cast<double>(bf16 ? 2 : ti.size);
       row.wire_up = row.wire_down = row.wire;  // a ring sends and receives the same
       row.algo = o.nccl ? "nccl" : "mpi";
@@ -715,14 +774,16 @@ int main(int argc, char** argv) {
       thc_state_t cstate = nullptr;  // checks keep their own error-feedback residual
       if (o.ef && thc_run && thc_state_create(&cstate) != THC_SUCCESS) die(thc_last_error());
       std::swap(state, cstate);
+      // reduce_scatter: this rank's shard of the exact sum
+      const size_t first = o.rs ? shard * static_cast<size_t>(g_rank) : 0, checked = o.rs ? shard : count;
       for (int c = 0; c < o.checks; ++c) {
         run_once();
         if (o.device) copy(recv.data(), drecv, bytes, false);
         double err = 0, ref = 0;
-        for (size_t i = 0; i < count; ++i) {
-          const double d = load(recv.data(), ti.thc, i) - exact[i];
+        for (size_t i = 0; i < checked; ++i) {
+          const double d = load(recv.data(), ti.thc, i) - exact[first + i];
           err += d * d;
-          ref += exact[i] * exact[i];
+          ref += exact[first + i] * exact[first + i];
         }
         // Every rank should hold the same result; take the worst rank (it catches one that
         // disagrees).
@@ -770,7 +831,8 @@ int main(int argc, char** argv) {
     if (!o.json.empty()) {
       std::ofstream f(o.json);
       if (!f) die("cannot write --json file '" + o.json + "'");
-      f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
+      f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"collective\": \"" << (o.rs ? "reduce_scatter" : "allreduce")
+        << "\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
         << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
         << "\",\n  \"nccl\": " << (o.nccl ? "true" : "false") << ",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;
       f << ",\n  \"hosts\": " << g_hosts << ",\n  \"ranks_per_host\": " << g_host_size_max;

@@ -341,4 +341,50 @@ TEST_F(DevicePathTest, BadArgumentsAreRefused) {
   });
 }
 
+// Nonblocking calls on device buffers (C API, in-process communicators): the call runs on the
+// communicator's progress thread, which selects the buffers' device itself, and returns the bits
+// of the same blocking call on host buffers. Groups refuse device buffers on every rank alike.
+TEST_F(DevicePathTest, NonblockingOnDeviceBuffersMatchesBlockingOnHost) {
+  const int n = 3;
+  const uint64_t count = 5 * 1024 + 3;
+  const thc_config_t cfg = config(THC_ALGO_PS);
+  std::vector<std::vector<uint8_t>> host(n), dev(n);
+  std::vector<thc_status_t> group_st(n, THC_SUCCESS);
+  for (int device = 0; device < 2; ++device) {
+    thc_inproc_group_t g;
+    ASSERT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        thc_comm_t comm;
+        ASSERT_EQ(thc_comm_create_inproc(g, r, &cfg, &comm), THC_SUCCESS);
+        const std::vector<uint8_t> in = as_bytes(dyadic(count, 77 + r), DType::kF16);
+        if (device) {
+          DevBuf<uint8_t> s(in), d(in.size());
+          thc_request_t q;
+          EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, s.get(), d.get(), count, THC_FLOAT16, THC_OP_SUM, comm, nullptr,
+                                          &q),
+                    THC_SUCCESS);
+          EXPECT_EQ(thc_wait(&q), THC_SUCCESS) << thc_last_error();
+          dev[r] = d.download();
+          thc_tensor_t t{s.get(), d.get(), count, THC_FLOAT16, nullptr};
+          group_st[r] = thc_allreduce_group(THC_SCHEME_THC, &t, 1, THC_OP_SUM, comm);
+        } else {
+          host[r].assign(in.size(), 0);
+          EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, in.data(), host[r].data(), count, THC_FLOAT16, THC_OP_SUM, comm,
+                                         nullptr),
+                    THC_SUCCESS);
+        }
+        thc_comm_destroy(comm);
+      });
+    }
+    for (auto& t : ts) t.join();
+    thc_inproc_group_destroy(g);
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(dev[r], host[r]) << "rank " << r;
+    EXPECT_EQ(group_st[r], THC_ERR_UNSUPPORTED) << "rank " << r;
+  }
+}
+
 }  // namespace

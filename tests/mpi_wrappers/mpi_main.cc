@@ -4,8 +4,23 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+#include <cstring>
+
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // THC_TEST_THREAD_MULTIPLE=1: MPI_THREAD_MULTIPLE (nonblocking calls progress on a thread);
+  // otherwise MPI_Init, where they complete inside the start call.
+  const char* tm = std::getenv("THC_TEST_THREAD_MULTIPLE");
+  if (tm && std::strcmp(tm, "1") == 0) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      return 77;  // skipped: this MPI has no MPI_THREAD_MULTIPLE
+    }
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -34,6 +34,27 @@ struct Shared {
       why = msg;
     }
   }
+  // Buffers of finished operations, for the next ones. An operation's buffers live for one chunk
+  // of a call; freed and allocated again at every chunk (sizes vary from chunk to chunk in calls on
+  // several tensors), the allocator hands them back to the system and faults them in again,
+  // zero-filled: several megabytes of page faults per call. Contents are unspecified.
+  std::vector<std::vector<uint8_t>> spare;
+  std::vector<uint8_t> take(size_t n) {
+    size_t best = spare.size();
+    for (size_t i = 0; i < spare.size(); ++i)
+      if (spare[i].size() >= n && (best == spare.size() || spare[i].size() < spare[best].size())) best = i;
+    if (best == spare.size() && !spare.empty()) best = 0;  // grow one rather than allocate anew
+    std::vector<uint8_t> v;
+    if (best < spare.size()) {
+      v = std::move(spare[best]);
+      spare.erase(spare.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+    if (v.size() < n) v.resize(n);
+    return v;
+  }
+  void give(std::vector<uint8_t>&& v) {
+    if (!v.empty() && spare.size() < 16) spare.push_back(std::move(v));
+  }
   // Two tags per operation (reduce-scatter, allgather); operations in flight at once are few, so
   // the operation number modulo the tag space keeps them apart.
   uint32_t tag(uint64_t op, int phase) const {
@@ -179,6 +200,9 @@ class Sched : public Request {
     check_done();
   }
   uint32_t tag(int phase) const { return sh_->tag(op_, phase); }
+  std::vector<uint8_t> take(size_t n) { return sh_->take(n); }
+  // Back to the spares, after shutdown() (buffers the link may still touch were parked: empty).
+  void recycle(std::vector<uint8_t>& v) { sh_->give(std::move(v)); }
   Link& link() { return *link_; }
   const ScheduleOptions& opt() const { return sh_->opt; }
   [[noreturn]] void abandon(Status s, const std::string& msg) {
@@ -269,19 +293,24 @@ class Sched : public Request {
 };
 
 // ---- index form: pairwise reduce-scatter of packed indices + lookup-sum + pairwise allgather.
+// With `bounds` the shards are the caller's (a compressed reduce-scatter: shard q is rank q's
+// part of the result), and without `gather` the allgather is left out: each rank ends with its
+// own shard's sums only.
 class PsSum final : public Sched {
  public:
   PsSum(std::shared_ptr<Shared> sh, const uint8_t* packed, uint64_t count, const LookupTable& table, void* sums,
-        IntType type, const DownstreamCodec* down)
-      : Sched(std::move(sh), "parameter server (reduce-scatter of indices, allgather of sums)"),
+        IntType type, const DownstreamCodec* down, const std::vector<uint64_t>* bounds = nullptr, bool gather = true)
+      : Sched(std::move(sh), gather ? "parameter server (reduce-scatter of indices, allgather of sums)"
+                                    : "reduce-scatter of indices (lookup-sum on each shard's owner)"),
         n_(link().size()), r_(link().rank()), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
-        type_(type), w_(codec::int_size(type)), down_(down) {
+        type_(type), w_(codec::int_size(type)), down_(down), gather_(gather) {
     const int b = table.bits;
     // Shards are multiples of 8 elements, so every shard and piece starts on a byte of the packed
     // stream.
     const uint64_t groups = (count + 7) / 8;
     off_.resize(static_cast<size_t>(n_) + 1);
     for (int q = 0; q <= n_; ++q) off_[q] = std::min(count, (groups * static_cast<uint64_t>(q) / n_) * 8);
+    if (bounds) off_ = *bounds;
     const uint64_t pe = std::max<uint64_t>(8, opt().piece_bytes / w_ / 8 * 8);
     pieces_.resize(n_);
     enc_off_.resize(n_);
@@ -294,13 +323,14 @@ class PsSum final : public Sched {
       }
     }
     const uint64_t packed_bytes = (count * static_cast<uint64_t>(b) + 7) / 8;
-    in_.assign(packed, packed + packed_bytes);
+    in_ = take(packed_bytes + 1);
+    if (packed_bytes) std::memcpy(in_.data(), packed, packed_bytes);
     const std::vector<Piece>& mine = pieces_[r_];
     const uint64_t my_first = off_[r_], my_elems = off_[r_ + 1] - off_[r_];
     const uint64_t my_bytes = (my_elems * static_cast<uint64_t>(b) + 7) / 8;
-    rin_.resize(static_cast<size_t>(n_ - 1) * my_bytes + 1);
-    acc_.resize(my_elems * w_ + 1);
-    gath_.resize(enc_total + 1);
+    rin_ = take(static_cast<size_t>(n_ - 1) * my_bytes + 1);
+    acc_ = take(my_elems * w_ + 1);
+    gath_ = take(enc_total + 1);
     arrived_.assign(mine.size(), 0);
     // Receives first (they only name buffers), in the order each peer sends: piece by piece.
     for (int s = 1; s < n_; ++s) {
@@ -310,6 +340,7 @@ class PsSum final : public Sched {
         post_recv(Act::kRecvA, from, tag(0), rin_.data() + static_cast<size_t>(s - 1) * my_bytes + rel * b / 8,
                   (mine[k].count * b + 7) / 8, static_cast<uint32_t>(k));
       }
+      if (!gather_) continue;
       for (size_t k = 0; k < pieces_[from].size(); ++k)
         post_recv(Act::kRecvB, from, tag(1), gath_.data() + enc_off_[from][k], piece_bytes(from, k),
                   static_cast<uint32_t>(k));
@@ -332,7 +363,10 @@ class PsSum final : public Sched {
     finish_now();
   }
 
-  ~PsSum() override { shutdown(); }
+  ~PsSum() override {
+    shutdown();
+    for (auto* v : {&in_, &rin_, &acc_, &gath_}) recycle(*v);
+  }
 
  private:
   size_t piece_bytes(int q, size_t k) const {
@@ -376,7 +410,8 @@ class PsSum final : public Sched {
       std::memcpy(out, acc, p.count * w_);
       std::memcpy(sums_ + p.first * w_, acc, p.count * w_);
     }
-    for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
+    if (gather_)
+      for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
     ++reduced_;
   }
   bool result_ready() const override { return reduced_ == pieces_[r_].size() && gathered_ == gathered_need_; }
@@ -393,6 +428,7 @@ class PsSum final : public Sched {
   IntType type_;
   size_t w_;
   const DownstreamCodec* down_;
+  bool gather_;
   std::vector<uint64_t> off_;
   std::vector<std::vector<Piece>> pieces_;
   std::vector<std::vector<uint64_t>> enc_off_;
@@ -414,21 +450,28 @@ class PsSum final : public Sched {
 // O(pieces + n) small words. A message is numbered (step, piece) in 32 + 32 bits; the tags carry
 // only the operation and the phase, so MPI_TAG_UB bounds the operations in flight, never the
 // number of ranks.
+//
+// With `bounds` rank q's part of the result is the caller's range q (the ring ends with rank r
+// holding segment r + 1, so segment q + 1 is range q), and without `gather` the allgather is left
+// out: a reduce-scatter, each rank ending with its own range's sums.
 class RingSum final : public Sched {
  public:
-  RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type)
-      : Sched(std::move(sh), "integer sum (ring reduce-scatter + allgather)"), n_(link().size()), r_(link().rank()),
-        data_(static_cast<uint8_t*>(data)), count_(count), type_(type), w_(codec::int_size(type)),
-        pe_(std::max<uint64_t>(1, opt().piece_bytes / w_)) {
+  RingSum(std::shared_ptr<Shared> sh, void* data, uint64_t count, IntType type,
+          const std::vector<uint64_t>* bounds = nullptr, bool gather = true)
+      : Sched(std::move(sh), gather ? "integer sum (ring reduce-scatter + allgather)" : "integer sum (ring reduce-scatter)"),
+        n_(link().size()), r_(link().rank()), data_(static_cast<uint8_t*>(data)), count_(count), type_(type),
+        w_(codec::int_size(type)), pe_(std::max<uint64_t>(1, opt().piece_bytes / w_)), gather_(gather) {
+    if (bounds) bounds_ = *bounds;
     if (n_ == 1) {
       finish_now();
       return;
     }
     if (count / pe_ >= (uint64_t{1} << 32))
       fail(Status::kInvalidArgument, "integer sum: " + std::to_string(count) + " elements make more than 2^32 pieces");
-    work_.assign(data_, data_ + count * w_);
-    tmp_.resize(count * w_ + 1);
-    out_.resize(count * w_ + 1);
+    work_ = take(count * w_ + 1);
+    if (count) std::memcpy(work_.data(), data_, count * w_);
+    tmp_ = take(count * w_ + 1);
+    if (gather_) out_ = take(count * w_ + 1);
     rs_ready_.assign(count / pe_ + static_cast<uint64_t>(n_) + 1, 0);
     ag_ready_.assign(rs_ready_.size(), 0);
     left_ = mod(r_ - 1);
@@ -445,7 +488,7 @@ class RingSum final : public Sched {
     }
     // Allgather: at step s this rank sends segment r+1-s (its own reduced one first) and receives
     // segment r-s into out_, which it forwards at step s+1.
-    for (int s = 0; s < n_ - 1; ++s) {
+    for (int s = 0; s < n_ - 1 && gather_; ++s) {
       const int j = mod(r_ - s);
       for (uint64_t k = 0; k < pieces(j); ++k) {
         const Piece p = piece(j, k);
@@ -459,22 +502,34 @@ class RingSum final : public Sched {
     finish_now();
   }
 
-  ~RingSum() override { shutdown(); }
+  ~RingSum() override {
+    shutdown();
+    for (auto* v : {&work_, &tmp_, &out_}) recycle(*v);
+  }
 
  private:
   int mod(int v) const { return ((v % n_) + n_) % n_; }
-  // Segment i is [count i / n, count (i + 1) / n), cut into pieces of pe_ elements.
+  // Segment i is [count i / n, count (i + 1) / n), or with bounds the caller's range i - 1; cut
+  // into pieces of pe_ elements.
+  int pos(int i) const { return bounds_.empty() ? i : mod(i - 1); }  // the segment's place by position
   uint64_t seg_first(int i) const {
+    if (!bounds_.empty()) return bounds_[static_cast<size_t>(pos(i))];
     return static_cast<uint64_t>(static_cast<unsigned __int128>(count_) * static_cast<unsigned>(i) / static_cast<unsigned>(n_));
   }
-  uint64_t pieces(int j) const { return (seg_first(j + 1) - seg_first(j) + pe_ - 1) / pe_; }
+  uint64_t seg_end(int i) const {
+    if (!bounds_.empty()) return bounds_[static_cast<size_t>(pos(i)) + 1];
+    return seg_first(i + 1);
+  }
+  uint64_t pieces(int j) const { return (seg_end(j) - seg_first(j) + pe_ - 1) / pe_; }
   Piece piece(int j, uint64_t k) const {
     const uint64_t f = seg_first(j) + k * pe_;
-    return Piece{f, std::min(pe_, seg_first(j + 1) - f)};
+    return Piece{f, std::min(pe_, seg_end(j) - f)};
   }
-  // A flag per piece: piece k of segment j at seg_first(j) / pe + k + j (a segment's pieces take
-  // consecutive slots, each segment's first beyond the previous one's last).
-  size_t slot(int j, uint64_t k) const { return static_cast<size_t>(seg_first(j) / pe_ + k + static_cast<uint64_t>(j)); }
+  // A flag per piece: piece k of segment j at seg_first(j) / pe + k + pos(j) (a segment's pieces
+  // take consecutive slots, each segment's first beyond the last of the one before it in memory).
+  size_t slot(int j, uint64_t k) const {
+    return static_cast<size_t>(seg_first(j) / pe_ + k + static_cast<uint64_t>(pos(j)));
+  }
   static uint64_t msg(int s, uint64_t k) { return static_cast<uint64_t>(s) << 32 | k; }
   void on_recv(Act act, int peer, uint64_t idx) override {
     (void)peer;
@@ -488,8 +543,12 @@ class RingSum final : public Sched {
         rs_ready_[slot(j, k)] = 1;  // forwarded at step s + 1
       } else {
         // Segment r+1 is complete here: this rank's result for it, and the allgather's first send.
-        std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
-        ag_ready_[slot(j, k)] = 1;
+        if (gather_) {
+          std::memcpy(out_.data() + p.first * w_, work_.data() + p.first * w_, p.count * w_);
+          ag_ready_[slot(j, k)] = 1;
+        } else {
+          std::memcpy(data_ + p.first * w_, work_.data() + p.first * w_, p.count * w_);
+        }
         ++own_done_;
       }
     } else {
@@ -500,6 +559,10 @@ class RingSum final : public Sched {
     maybe_copy();
   }
   void maybe_copy() {
+    if (!gather_) {
+      copied_ = own_done_ == own_need_;
+      return;
+    }
     if (own_done_ == own_need_ && ag_got_ == ag_need_ && !copied_) {
       // out_ holds every segment and no receive writes it any more (sends may still read it).
       if (count_) std::memcpy(data_, out_.data(), count_ * w_);
@@ -520,7 +583,7 @@ class RingSum final : public Sched {
       send(right_, tag(0), work_.data() + p.first * w_, p.count * w_, 0);
       ++rs_k_;
     }
-    while (ag_s_ < n_ - 1) {
+    while (gather_ && ag_s_ < n_ - 1) {
       const int j = mod(r_ + 1 - ag_s_);
       if (ag_k_ == pieces(j)) {
         ++ag_s_;
@@ -546,6 +609,8 @@ class RingSum final : public Sched {
   IntType type_;
   size_t w_;
   uint64_t pe_;
+  bool gather_;
+  std::vector<uint64_t> bounds_;  // the caller's ranges (empty: count / n each)
   int left_ = 0, right_ = 0;
   std::vector<char> rs_ready_, ag_ready_;
   int rs_s_ = 0, ag_s_ = 0;
@@ -555,6 +620,75 @@ class RingSum final : public Sched {
   uint64_t ag_got_ = 0, ag_need_ = 0;
   bool copied_ = false;
 };
+
+// ---- allgather of bytes: every rank sends its range to every peer in pairwise order (step s:
+// to r+s, from r-s), piece by piece; received pieces land in the request's buffer and are copied
+// out as they arrive.
+class PairGather final : public Sched {
+ public:
+  PairGather(std::shared_ptr<Shared> sh, uint8_t* buf, const std::vector<uint64_t>& bounds)
+      : Sched(std::move(sh), "allgather (pairwise)"), n_(link().size()), r_(link().rank()), buf_(buf), off_(bounds) {
+    if (n_ == 1) {
+      finish_now();
+      return;
+    }
+    const uint64_t pe = std::max<uint64_t>(64, opt().piece_bytes);
+    pieces_.resize(n_);
+    for (int q = 0; q < n_; ++q) pieces_[q] = cut(off_[q], off_[q + 1], pe);
+    in_ = take(off_[r_ + 1] - off_[r_] + 1);
+    std::memcpy(in_.data(), buf + off_[r_], off_[r_ + 1] - off_[r_]);
+    gath_ = take(off_[n_] + 1);
+    for (int s = 1; s < n_; ++s) {
+      const int from = (r_ - s + n_) % n_;
+      for (size_t k = 0; k < pieces_[from].size(); ++k) {
+        const Piece& p = pieces_[from][k];
+        post_recv(Act::kRecvA, from, tag(0), gath_.data() + p.first, p.count, static_cast<uint32_t>(k));
+        ++need_;
+      }
+    }
+    for (size_t k = 0; k < pieces_[r_].size(); ++k)
+      for (int s = 1; s < n_; ++s) {
+        const Piece& p = pieces_[r_][k];
+        send((r_ + s) % n_, tag(0), in_.data() + (p.first - off_[r_]), p.count, 0);
+      }
+    finish_now();
+  }
+  ~PairGather() override {
+    shutdown();
+    for (auto* v : {&in_, &gath_}) recycle(*v);
+  }
+
+ private:
+  void on_recv(Act act, int peer, uint64_t index) override {
+    (void)act;
+    const Piece& p = pieces_[peer][index];
+    std::memcpy(buf_ + p.first, gath_.data() + p.first, p.count);
+    ++got_;
+  }
+  bool result_ready() const override { return n_ == 1 || got_ == need_; }
+  void park() override {
+    keep_forever(std::move(in_));
+    keep_forever(std::move(gath_));
+  }
+
+  int n_, r_;
+  uint8_t* buf_;
+  std::vector<uint64_t> off_;
+  std::vector<std::vector<Piece>> pieces_;
+  std::vector<uint8_t> in_, gath_;
+  uint64_t need_ = 0, got_ = 0;
+};
+
+// Reduce-scatter and allgather bounds: size() + 1 offsets from 0 to count, non-decreasing,
+// multiples of 8 (whole bytes of packed indices).
+void check_bounds(const std::vector<uint64_t>& b, int n, uint64_t count, bool by8) {
+  bool ok = b.size() == static_cast<size_t>(n) + 1 && b.front() == 0 && b.back() == count;
+  for (size_t i = 0; ok && i + 1 < b.size(); ++i) ok = b[i] <= b[i + 1] && (!by8 || b[i] % 8 == 0);
+  if (!ok)
+    fail(Status::kInvalidArgument, "reduce-scatter/allgather: bounds must be " + std::to_string(n + 1) +
+                                       " non-decreasing offsets from 0 to " + std::to_string(count) +
+                                       (by8 ? ", multiples of 8" : ""));
+}
 
 class ScheduledReducer final : public Reducer {
  public:
@@ -589,6 +723,26 @@ class ScheduledReducer final : public Reducer {
     if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
       fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
     return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, down);
+  }
+  std::unique_ptr<Request> start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
+                                                    const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    check_bounds(bounds, size(), count, false);
+    return std::make_unique<RingSum>(sh_, data, count, type, &bounds, false);
+  }
+  std::unique_ptr<Request> start_lookup_reduce_scatter(const uint8_t* packed, uint64_t count, const LookupTable& table,
+                                                       void* sums, IntType type,
+                                                       const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
+      fail(Status::kInvalidArgument, "lookup reduce-scatter: the table needs 2^bits values, bits in 1..8");
+    check_bounds(bounds, size(), count, true);
+    return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, nullptr, &bounds, false);
+  }
+  std::unique_ptr<Request> start_allgather(uint8_t* buf, const std::vector<uint64_t>& bounds) override {
+    sh_->check_usable();
+    check_bounds(bounds, size(), bounds.empty() ? 0 : bounds.back(), false);
+    return std::make_unique<PairGather>(sh_, buf, bounds);
   }
 
  private:
