@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -61,6 +62,7 @@ struct UdpServer::Shard {
   std::unique_ptr<Engine> engine;
   FaultInjector rx_fault, tx_fault;
   std::thread thread;
+  std::atomic<int> tid{0};  // the thread's kernel id (cpu_split)
 };
 
 bool parse_bytes(const std::string& s, int64_t* out) {
@@ -207,12 +209,38 @@ double UdpServer::cpu_seconds() const {
   return t;
 }
 
+void UdpServer::cpu_split(double* user, double* kernel) const {
+  *user = *kernel = 0;
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  for (const auto& s : shards_) {
+    const int tid = s->tid.load();
+    if (!tid) continue;
+    FILE* f = std::fopen(("/proc/self/task/" + std::to_string(tid) + "/stat").c_str(), "r");
+    if (!f) continue;
+    char buf[1024];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = 0;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    const char* p = std::strrchr(buf, ')');
+    unsigned long long ut = 0, st = 0;
+    if (p && std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+      *user += static_cast<double>(ut) / tick;
+      *kernel += static_cast<double>(st) / tick;
+    }
+  }
+}
+
 size_t UdpServer::jobs() const {
   const std::vector<uint64_t> v = stats();
   return static_cast<size_t>(stats_get(v, "jobs_created") - stats_get(v, "jobs_freed"));
 }
 
 void UdpServer::run(Shard* s) {
+  // Named, so that top -H and perf tell the aggregation threads from the process's others.
+  const std::string name = "thc-agg-" + std::to_string(s->index);
+  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  s->tid.store(static_cast<int>(::gettid()));
   UdpBatch& io = *s->io;
   std::vector<UdpBatch::Datagram> in;
   std::vector<FaultInjector::Datagram> faulted;
