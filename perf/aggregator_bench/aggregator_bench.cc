@@ -9,15 +9,26 @@
 //   aggregator_bench [--elements N] [--reps R] [--workers 4] [--threads 1,2] [--jobs 1,2]
 //                    [--lanes 256,8192] [--mtu 1500]
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <stdexcept>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <netinet/in.h>
+#include <time.h>
+
+#include <cstring>
+#include <random>
+
+#include "switch_offload/aggregator/engine.h"
+#include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/auth.h"
+#include "switch_offload/protocol/builder.h"
 #include "switch_offload/protocol/wire.h"
 #include "switch_offload/servers/udp/udp_server.h"
 #include "transport/switch_client/udp/udp_client.h"
@@ -31,6 +42,7 @@ using thc::transport::LookupTable;
 namespace proto = thc::switch_offload::proto;
 
 struct Encoding {
+  const char* key;  // --encodings
   const char* name;
   bool index;
   int bits;
@@ -39,10 +51,10 @@ struct Encoding {
 };
 
 const Encoding kEncodings[] = {
-    {"index b=4 -> u8 (THC)", true, 4, IntType::kU8, proto::WireInt::kU8},
-    {"index b=8 -> i16 (Cnat)", true, 8, IntType::kI16, proto::WireInt::kI16},
-    {"value u8", false, 0, IntType::kU8, proto::WireInt::kU8},
-    {"value u32", false, 0, IntType::kU32, proto::WireInt::kU32},
+    {"thc", "index b=4 -> u8 (THC)", true, 4, IntType::kU8, proto::WireInt::kU8},
+    {"cnat", "index b=8 -> i16 (Cnat)", true, 8, IntType::kI16, proto::WireInt::kI16},
+    {"u8", "value u8", false, 0, IntType::kU8, proto::WireInt::kU8},
+    {"u32", "value u32", false, 0, IntType::kU32, proto::WireInt::kU32},
 };
 
 class Gate {
@@ -67,7 +79,7 @@ class Gate {
 };
 
 struct Row {
-  double seconds = 0, cpu = 0;
+  double seconds = 0, cpu = 0, user = 0, kernel = 0;
   uint64_t up_pkts = 0, all_pkts = 0, lanes = 0, retrans = 0;
   int lanes_per_packet = 0;
 };
@@ -88,7 +100,7 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
   std::vector<double> secs(total);
   std::vector<uint64_t> retrans(total);
   std::vector<int> lpp(total);
-  double cpu0 = 0;
+  double cpu0 = 0, user0 = 0, kernel0 = 0;
   std::vector<std::thread> ts;
   for (int t = 0; t < total; ++t) {
     ts.emplace_back([&, t] {
@@ -116,7 +128,10 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
       thc::transport::Reducer::WireCounters w0, w1;
       red.wire_counters(&w0);
       gate.arrive_and_wait();
-      if (t == 0) cpu0 = server.cpu_seconds();
+      if (t == 0) {
+        cpu0 = server.cpu_seconds();
+        server.cpu_split(&user0, &kernel0);
+      }
       const auto t0 = std::chrono::steady_clock::now();
       for (int r = 0; r < reps; ++r) one();
       secs[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -129,9 +144,13 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
   for (auto& t : ts) t.join();
   const auto st = server.stats();
   const double cpu1 = server.cpu_seconds();
+  double user1 = 0, kernel1 = 0;
+  server.cpu_split(&user1, &kernel1);
   server.stop();
   Row row;
   row.cpu = cpu1 - cpu0;
+  row.user = user1 - user0;
+  row.kernel = kernel1 - kernel0;
   row.lanes_per_packet = lpp[0];
   for (double s : secs) row.seconds = std::max(row.seconds, s);
   for (uint64_t r : retrans) row.retrans += r;
@@ -143,13 +162,248 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
   return row;
 }
 
+
+// ---- Engine replay: the aggregator's user-space work per datagram, without sockets ----
+//
+// One job of W workers on a fresh Engine (fixed seed and incarnation, so the job's data key is the
+// same for every fresh engine and one pre-signed stream serves every repetition): P packet
+// sequence numbers per worker, THC b=4 -> u8 at the negotiated lanes, sent in seq order (every
+// worker's p before anybody's p+1, as a window of in-flight packets does), handed to the engine in
+// receive batches of kReplayBatch (what UdpServer takes per recvmmsg round). The same datagrams then
+// go through the MAC alone (verify upstream; sign the results), the lookup-add alone, and the rest
+// is bookkeeping (parse, slot state, result assembly).
+constexpr size_t kReplayBatch = 256;
+namespace sw = thc::switch_offload;
+
+class NullSink final : public sw::Sink {
+ public:
+  void send(const thc::PeerAddr&, const uint8_t*, size_t len) override {
+    ++packets;
+    bytes += len;
+  }
+  uint64_t packets = 0, bytes = 0;
+};
+class KeepSink final : public sw::Sink {
+ public:
+  void send(const thc::PeerAddr&, const uint8_t* d, size_t len) override { out.emplace_back(d, d + len); }
+  std::vector<std::vector<uint8_t>> out;
+};
+
+thc::PeerAddr loop_addr(int i) {
+  thc::PeerAddr a;
+  auto* in = reinterpret_cast<sockaddr_in*>(&a.ss);
+  in->sin_family = AF_INET;
+  in->sin_port = htons(static_cast<uint16_t>(40000 + i));
+  in->sin_addr.s_addr = htonl(0x7F000001);
+  a.len = sizeof(sockaddr_in);
+  return a;
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+struct Replay {
+  int workers = 4, lanes = 0, slots = 256;
+  uint64_t packets = 0;  // per worker
+  sw::auth::Key key;
+  proto::JobId id;
+  proto::TableSpec table;
+  std::vector<uint8_t> bytes;  // the datagrams back to back, as in a receive buffer
+  std::vector<size_t> off, len;
+  std::vector<int> from;
+
+  std::unique_ptr<sw::Engine> engine(sw::Stats* st) const {
+    sw::EngineConfig c;
+    c.seed = 7;
+    c.incarnation = 11;
+    c.max_slots_per_job = static_cast<uint32_t>(slots);
+    c.keys = std::make_shared<sw::auth::KeyRing>(std::vector<sw::auth::Key>{key});
+    return std::make_unique<sw::Engine>(c, st);
+  }
+  // JOIN handshake of every worker (the first installs the table); returns the job's data key.
+  sw::auth::TagKey join(sw::Engine& e) const {
+    proto::JobId j = id;
+    sw::auth::TagKey dkey;
+    for (int w = 0; w < workers; ++w) {
+      proto::JoinParams p;
+      p.quorum = static_cast<uint16_t>(workers);
+      p.slots = static_cast<uint16_t>(slots);
+      p.max_lanes = proto::kMaxLanes;
+      p.payload_budget = proto::kPayloadBudget1500;
+      p.table = w == 0 ? &table : nullptr;
+      KeepSink k;
+      const std::vector<uint8_t> first = proto::make_join(j, static_cast<uint16_t>(w), p, 10);
+      e.handle(first.data(), first.size(), loop_addr(w), 1000, k);
+      if (k.out.size() != 1) throw std::runtime_error("replay: no CHALLENGE");
+      proto::Header h;
+      const uint8_t* pl;
+      size_t plen;
+      proto::parse(k.out[0].data(), k.out[0].size(), &h, &pl, &plen);
+      p.cookie = pl;
+      const std::vector<uint8_t> again = proto::make_join(j, static_cast<uint16_t>(w), p, 11);
+      KeepSink k2;
+      e.handle(again.data(), again.size(), loop_addr(w), 1000, k2);
+      proto::JoinAckBody ack;
+      if (k2.out.size() != 1 || proto::parse(k2.out[0].data(), k2.out[0].size(), &h, &pl, &plen) != proto::ParseError::kOk ||
+          h.type != proto::MsgType::kJoinAck || proto::parse_join_ack(pl, plen, &ack) != proto::ParseError::kOk)
+        throw std::runtime_error("replay: JOIN refused");
+      j.with_seed(ack.seed);
+      dkey = j.dkey;
+    }
+    return dkey;
+  }
+};
+
+Replay make_replay(int workers, uint64_t packets) {
+  Replay r;
+  r.workers = workers;
+  r.packets = packets;
+  r.key = sw::auth::Key{};
+  r.key.id = 1;
+  for (size_t i = 0; i < sw::auth::kKeyBytes; ++i) r.key.bytes[i] = static_cast<uint8_t>(i * 13 + 1);
+  r.id = proto::JobId::make(r.key, 77, static_cast<uint16_t>(workers));
+  r.table.id = 0;
+  r.table.bits = 4;
+  r.table.sum = proto::WireInt::kU8;
+  for (int z = 0; z < 16; ++z) r.table.values[z] = z % 31;
+  r.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, proto::kMaxLanes,
+                             proto::kPayloadBudget1500);
+  sw::Stats st;
+  auto e = r.engine(&st);
+  r.id.dkey = r.join(*e);
+  std::mt19937 rng(5);
+  const uint64_t per_op = (uint64_t{1} << 20) / static_cast<uint64_t>(r.lanes);  // packets of a 2^20-element op
+  const size_t plen = proto::data_payload_bytes(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, r.lanes);
+  std::vector<uint8_t> pl(plen);
+  for (uint64_t seq = 0; seq < packets; ++seq) {
+    for (int w = 0; w < workers; ++w) {
+      proto::Header h = proto::data_header(proto::MsgType::kDataIndex, r.id, static_cast<uint16_t>(w),
+                                           static_cast<uint32_t>(r.slots), seq, static_cast<uint32_t>(seq / per_op),
+                                           proto::WireInt::kU8, static_cast<uint16_t>(r.lanes),
+                                           static_cast<uint16_t>(r.lanes), 4, 0);
+      if (seq % per_op == 0) h.flags = proto::kFlagFirst;
+      for (auto& b : pl) b = static_cast<uint8_t>(rng());
+      const std::vector<uint8_t> d = proto::make_packet(h, pl, &r.id.dkey);
+      r.off.push_back(r.bytes.size());
+      r.len.push_back(d.size());
+      r.from.push_back(w);
+      r.bytes.insert(r.bytes.end(), d.begin(), d.end());
+    }
+  }
+  return r;
+}
+
+struct ReplayRow {
+  double total_ns = 0, mac_ns = 0, lookup_ns = 0;  // per upstream datagram, CPU time
+  double wall_s = 0, cpu_s = 0;
+};
+
+// One engine's pass over the stream (a fresh engine: the stream's sequence numbers start at 0).
+// Returns the CPU seconds of the handle() calls.
+double replay_engine(const Replay& r) {
+  sw::Stats st;
+  auto e = r.engine(&st);
+  r.join(*e);
+  NullSink sink;
+  std::vector<thc::PeerAddr> from;
+  for (int w = 0; w < r.workers; ++w) from.push_back(loop_addr(w));
+  const size_t n = r.off.size();
+  std::vector<sw::Datagram> in(n);
+  for (size_t i = 0; i < n; ++i) in[i] = sw::Datagram{r.bytes.data() + r.off[i], r.len[i], &from[r.from[i]]};
+  const double c0 = thread_cpu_s();
+  for (size_t b = 0; b < n; b += kReplayBatch)
+    e->handle_batch(in.data() + b, std::min(kReplayBatch, n - b), 2000, sink);
+  const double c1 = thread_cpu_s();
+  if (sw::stats_get(sw::stats_values(st), "elements") != n * static_cast<uint64_t>(r.lanes) ||
+      sw::stats_get(sw::stats_values(st), "slots_completed") != r.packets)
+    throw std::runtime_error("replay: the engine did not aggregate every datagram");
+  return c1 - c0;
+}
+
+// The MAC alone, as the engine does it per receive batch: the upstream datagrams' tags side by
+// side and compared; the results the batch completes signed together at its end (their payload
+// hashes side by side, then every recipient's header tag).
+double replay_mac(const Replay& r) {
+  const size_t n = r.off.size(), W = static_cast<size_t>(r.workers), B = kReplayBatch;
+  const size_t plen = static_cast<size_t>(r.lanes);
+  std::vector<uint8_t> results(B * plen, 0x11), hdrs(B * proto::kHeaderBytes, 0x22);
+  std::vector<const uint8_t*> rp(B), hp(B), ptr(B);
+  std::vector<size_t> rl(B, plen);
+  for (size_t i = 0; i < B; ++i) {
+    rp[i] = results.data() + i * plen;
+    hp[i] = hdrs.data() + i * proto::kHeaderBytes;
+  }
+  std::vector<const sw::auth::TagKey*> keys(B, &r.id.dkey);
+  std::vector<uint64_t> tags(B), ph(B), phr(B);
+  uint64_t ok = 0;
+  const double c0 = thread_cpu_s();
+  for (size_t b = 0; b < n; b += B) {
+    const size_t m = std::min(B, n - b);
+    for (size_t i = 0; i < m; ++i) ptr[i] = r.bytes.data() + r.off[b + i];
+    sw::auth::compute_tags(keys.data(), ptr.data(), r.len.data() + b, m, tags.data());
+    for (size_t i = 0; i < m; ++i) ok += tags[i] == sw::auth::tag_field(ptr[i]);
+    const size_t nres = m / W;  // every worker's packet of a seq completes one slot
+    sw::auth::payload_hashes(keys.data(), rp.data(), rl.data(), nres, ph.data());
+    for (size_t k = 0; k < nres * W; ++k) phr[k] = ph[k / W];
+    sw::auth::tags_from_hashes(keys.data(), hp.data(), phr.data(), nres * W, tags.data());
+  }
+  const double c1 = thread_cpu_s();
+  if (ok != n) throw std::runtime_error("replay: a datagram did not verify");
+  return c1 - c0;
+}
+
+// The lookup-add alone: each datagram's indices added into its slot's registers.
+double replay_lookup(const Replay& r) {
+  std::vector<uint8_t> regs(static_cast<size_t>(r.slots) * 2 * static_cast<size_t>(r.lanes));
+  const size_t n = r.off.size();
+  const double c0 = thread_cpu_s();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t seq = i / static_cast<size_t>(r.workers);
+    uint8_t* reg = regs.data() + (seq % (2 * static_cast<uint64_t>(r.slots))) * static_cast<size_t>(r.lanes);
+    sw::lanes::add_lookup(reg, 1, r.bytes.data() + r.off[i] + proto::kHeaderBytes, r.lanes, 4, r.table.values, false);
+  }
+  const double c1 = thread_cpu_s();
+  volatile uint8_t sink = regs[regs.size() / 2];
+  (void)sink;
+  return c1 - c0;
+}
+
+ReplayRow run_replay(const Replay& r, int threads) {
+  ReplayRow row;
+  std::vector<double> tot(threads), mac(threads), look(threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      tot[t] = replay_engine(r);
+      mac[t] = replay_mac(r);
+      look[t] = replay_lookup(r);
+    });
+  for (auto& t : ts) t.join();
+  row.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double dg = static_cast<double>(r.off.size()) * threads;
+  for (int t = 0; t < threads; ++t) {
+    row.total_ns += tot[t] / dg * 1e9;
+    row.mac_ns += mac[t] / dg * 1e9;
+    row.lookup_ns += look[t] / dg * 1e9;
+    row.cpu_s += tot[t];
+  }
+  return row;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"aggregator_bench: thc-aggregator (UDP, loopback) throughput"};
+  CLI::App app{"aggregator_bench: thc-aggregator throughput per core (engine replay; UDP on loopback)"};
   uint64_t n = 1 << 20;
-  int reps = 5, workers = 4, mtu = 1500;
-  std::vector<int> threads = {1, 2}, jobs = {1}, lanes = {256, 8192};
+  int reps = 5, workers = 4, mtu = 1500, replay_reps = 5;
+  uint64_t replay_packets = 2000;
+  std::vector<int> threads = {1, 2}, jobs = {1}, lanes = {256, 8192}, replay_threads = {1, 2};
+  std::vector<std::string> encodings = {"thc", "cnat", "u8", "u32"};
+  bool no_udp = false, no_replay = false;
   app.add_option("--elements", n, "elements per allreduce")->capture_default_str();
   app.add_option("--reps", reps, "timed allreduces per worker")->capture_default_str();
   app.add_option("--workers", workers, "workers per job")->capture_default_str();
@@ -158,14 +412,58 @@ int main(int argc, char** argv) {
   app.add_option("--lanes", lanes, "lanes per packet at most (256: Tofino profile; the MTU bounds the rest)")
       ->delimiter(',');
   app.add_option("--mtu", mtu, "the aggregator's path MTU (bounds the negotiated lanes)")->capture_default_str();
+  app.add_option("--encodings", encodings, "encodings to run: thc (index b=4 -> u8), cnat (index b=8 -> i16), u8, u32")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"thc", "cnat", "u8", "u32"}));
+  app.add_option("--replay-packets", replay_packets, "engine replay: packets per worker")->capture_default_str();
+  app.add_option("--replay-reps", replay_reps, "engine replay: repetitions (median and range printed)")
+      ->capture_default_str();
+  app.add_option("--replay-threads", replay_threads, "engine replay: thread counts (one engine and job each)")
+      ->delimiter(',');
+  app.add_flag("--no-udp", no_udp, "skip the loopback UDP table");
+  app.add_flag("--no-replay", no_replay, "skip the engine replay table");
   CLI11_PARSE(app, argc, argv);
 
+  if (!no_replay) {
+    const Replay r = make_replay(workers, replay_packets);
+    std::printf("# engine replay (no sockets): THC b=4 -> u8, %d lanes, %d workers, %llu packets per worker, "
+                "batches of %zu, %d reps (median [min..max]); CPU time per upstream datagram\n",
+                r.lanes, workers, static_cast<unsigned long long>(replay_packets), kReplayBatch, replay_reps);
+    std::printf("%4s %22s %8s %11s %12s %11s %14s %12s\n", "thr", "ns/dgm", "MAC_ns", "lookup_ns", "bookkeep_ns",
+                "Mdgm/cpu-s", "Glanes/cpu-s", "Glanes/s");
+    for (int t : replay_threads) {
+      std::vector<ReplayRow> rows;
+      for (int k = 0; k < replay_reps; ++k) rows.push_back(run_replay(r, t));
+      auto med = [&](auto get) {
+        std::vector<double> v;
+        for (const auto& x : rows) v.push_back(get(x));
+        std::sort(v.begin(), v.end());
+        return std::vector<double>{v[v.size() / 2], v.front(), v.back()};
+      };
+      const auto tot = med([](const ReplayRow& x) { return x.total_ns; });
+      const auto mac = med([](const ReplayRow& x) { return x.mac_ns; });
+      const auto look = med([](const ReplayRow& x) { return x.lookup_ns; });
+      const auto wall = med([&](const ReplayRow& x) {
+        return static_cast<double>(r.off.size()) * t * r.lanes / (x.cpu_s / t) / 1e9;
+      });
+      char range[64];
+      std::snprintf(range, sizeof range, "%.0f [%.0f..%.0f]", tot[0], tot[1], tot[2]);
+      std::printf("%4d %22s %8.0f %11.0f %12.0f %11.2f %14.2f %12.2f\n", t, range, mac[0], look[0],
+                  tot[0] - mac[0] - look[0], 1e3 / tot[0], r.lanes / tot[0], wall[0]);
+      std::fflush(stdout);
+    }
+  }
+  if (no_udp) return 0;
+
   std::printf("# aggregator_bench: loopback UDP, header %zu B, %llu elements/op, %d reps, mtu %d, %u cores "
-              "(workers share them with the aggregator)\n",
+              "(workers share them with the aggregator); per core = per aggregator CPU-second; ns per upstream "
+              "datagram of aggregator CPU, kernel and user\n",
               proto::kHeaderBytes, static_cast<unsigned long long>(n), reps, mtu, std::thread::hardware_concurrency());
-  std::printf("%-24s %6s %6s %6s %4s %4s %7s %10s %10s %14s %11s %11s %8s\n", "encoding", "lanes", "up_B", "down_B",
-              "thr", "jobs", "workers", "Melem/s", "Mlanes/s", "Mlanes/cpu-s", "up_kdgm/s", "all_kdgm/s", "retrans");
+  std::printf("%-24s %6s %6s %6s %4s %4s %7s %10s %10s %14s %11s %11s %12s %7s %7s %7s %8s\n", "encoding", "lanes",
+              "up_B", "down_B", "thr", "jobs", "workers", "Melem/s", "Mlanes/s", "Mlanes/cpu-s", "up_kdgm/s",
+              "all_kdgm/s", "kdgm/cpu-s", "ns/dgm", "kern_ns", "user_ns", "retrans");
   for (const Encoding& e : kEncodings) {
+    if (std::find(encodings.begin(), encodings.end(), e.key) == encodings.end()) continue;
     for (int l : lanes) {
       const proto::MsgType type = e.index ? proto::MsgType::kDataIndex : proto::MsgType::kDataValue;
       const int lpp = proto::lanes_for(type, e.wire, e.bits, l, mtu - 28 - static_cast<int>(proto::kHeaderBytes));
@@ -175,10 +473,14 @@ int main(int argc, char** argv) {
         for (int t : threads) {
           const Row r = run(e, t, j, workers, n, reps, l, mtu);
           const double elems = static_cast<double>(n) * reps * j;
-          std::printf("%-24s %6d %6zu %6zu %4d %4d %7d %10.2f %10.2f %14.2f %11.1f %11.1f %8llu\n", e.name, lpp, up, down,
-                      t, j, workers, elems / r.seconds / 1e6, r.lanes / r.seconds / 1e6,
+          const double up_d = static_cast<double>(std::max<uint64_t>(r.up_pkts, 1));
+          // The /proc split has clock-tick resolution; scale it to the precise CPU total.
+          const double split = r.user + r.kernel > 0 ? r.cpu / (r.user + r.kernel) : 0;
+          std::printf("%-24s %6d %6zu %6zu %4d %4d %7d %10.2f %10.2f %14.2f %11.1f %11.1f %12.1f %7.0f %7.0f %7.0f %8llu\n",
+                      e.name, lpp, up, down, t, j, workers, elems / r.seconds / 1e6, r.lanes / r.seconds / 1e6,
                       r.cpu > 0 ? r.lanes / r.cpu / 1e6 : 0.0, r.up_pkts / r.seconds / 1e3, r.all_pkts / r.seconds / 1e3,
-                      static_cast<unsigned long long>(r.retrans));
+                      r.cpu > 0 ? up_d / r.cpu / 1e3 : 0.0, r.cpu / up_d * 1e9, r.kernel * split / up_d * 1e9,
+                      r.user * split / up_d * 1e9, static_cast<unsigned long long>(r.retrans));
           std::fflush(stdout);
         }
       }

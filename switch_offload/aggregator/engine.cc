@@ -293,6 +293,102 @@ void Engine::reply_error(const Job* j, const Header& h, ErrorCode code, const au
   send_packet(to, b, sizeof b, &key, out);
 }
 
+void Engine::handle_batch(const Datagram* in, size_t n, uint64_t now, Sink& out, Handled* results) {
+  if (pre_of_.size() < n) {
+    pre_of_.resize(n);
+    pre_.resize(n);
+    pre_keys_.resize(n);
+    pre_data_.resize(n);
+    pre_len_.resize(n);
+    pre_tags_.resize(n);
+  }
+  // Data packets of jobs that exist: their tags under the job's current data key, side by side.
+  size_t m = 0;
+  uint64_t last_id = 0;
+  uint16_t last_shard = 0;
+  Job* last = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    pre_of_[i] = -1;
+    const uint8_t* d = in[i].data;
+    if (cfg_.data_plane || in[i].len < proto::kHeaderBytes) continue;
+    const auto type = static_cast<MsgType>(d[5]);
+    if (type != MsgType::kDataValue && type != MsgType::kDataIndex && type != MsgType::kDataMax) continue;
+    const uint64_t id = proto::load_be64(d + 8);
+    const uint16_t shard = proto::load_be16(d + 30);
+    if (!last || id != last_id || shard != last_shard) {
+      last = find(id, shard);
+      last_id = id;
+      last_shard = shard;
+    }
+    if (!last) continue;
+    pre_of_[i] = static_cast<int32_t>(m);
+    pre_[m].key = last->dkey;
+    pre_keys_[m] = &pre_[m].key;
+    pre_data_[m] = d;
+    pre_len_[m] = in[i].len;
+    ++m;
+  }
+  if (m > 1) {
+    auth::compute_tags(pre_keys_.data(), pre_data_.data(), pre_len_.data(), m, pre_tags_.data());
+    for (size_t k = 0; k < m; ++k) pre_[k].tag = pre_tags_[k];
+  }
+  batching_ = n > 1;
+  for (size_t i = 0; i < n; ++i) {
+    // A single data packet is verified as handle() does (no vector to fill).
+    cur_pre_ = m > 1 && pre_of_[i] >= 0 ? &pre_[static_cast<size_t>(pre_of_[i])] : nullptr;
+    const Handled r = handle(in[i].data, in[i].len, *in[i].from, now, out);
+    if (results) results[i] = r;
+  }
+  cur_pre_ = nullptr;
+  batching_ = false;
+  flush_results(out);
+}
+
+void Engine::flush_results(Sink& out) {
+  const size_t nr = pend_.size(), nh = pend_rcpt_.size();
+  if (!nr) return;
+  if (pend_keys_.size() < nh) {
+    pend_keys_.resize(nh);
+    pend_ptrs_.resize(nh);
+    pend_lens_.resize(nh);
+    pend_hash_.resize(nh);
+    pend_tags_.resize(nh);
+  }
+  for (size_t i = 0; i < nr; ++i) {
+    pend_keys_[i] = &pend_[i].key;
+    pend_ptrs_[i] = pend_pay_.data() + pend_[i].pay_off;
+    pend_lens_[i] = pend_[i].plen;
+  }
+  auth::payload_hashes(pend_keys_.data(), pend_ptrs_.data(), pend_lens_.data(), nr, pend_hash_.data());
+  // Per recipient: its result's key and payload hash (pend_lens_ is free again: it holds the hash).
+  for (size_t i = 0; i < nr; ++i)
+    for (size_t k = pend_[i].first; k < pend_[i].first + pend_[i].count; ++k) pend_lens_[k] = i;
+  for (size_t k = 0; k < nh; ++k) pend_ptrs_[k] = pend_hdr_.data() + k * proto::kHeaderBytes;
+  for (size_t k = nh; k-- > 0;) {
+    // Backwards: pend_keys_[k] / pend_hash_[k] for k >= nr are free; below, [result] is read first.
+    const size_t res = pend_lens_[k];
+    pend_keys_[k] = &pend_[res].key;
+    pend_hash_[k] = pend_hash_[res];
+  }
+  auth::tags_from_hashes(pend_keys_.data(), pend_ptrs_.data(), pend_hash_.data(), nh, pend_tags_.data());
+  uint8_t* p = buf_.data();
+  for (size_t i = 0; i < nr; ++i) {
+    const PendingResult& pr = pend_[i];
+    std::memcpy(p + proto::kHeaderBytes, pend_pay_.data() + pr.pay_off, pr.plen);
+    for (size_t k = pr.first; k < pr.first + pr.count; ++k) {
+      std::memcpy(p, pend_ptrs_[k], proto::kTagOffset);
+      proto::store_be64(p + proto::kTagOffset, pend_tags_[k]);
+      send_packet(pend_rcpt_[k].to, p, proto::kHeaderBytes + pr.plen, nullptr, out);
+      stats_->results_sent.add();
+      if (pend_rcpt_[k].resend) stats_->result_resends.add();
+    }
+  }
+  pend_.clear();
+  pend_rcpt_.clear();
+  pend_pay_.clear();
+  pend_hdr_.clear();
+}
+
 Handled Engine::handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now, Sink& out) {
   stats_->rx_packets.add();
   stats_->rx_bytes.add(len);
@@ -753,18 +849,57 @@ void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Si
   r.bitmap = sh.counted;
   uint8_t* p = buf_.data();
   const size_t plen = proto::data_payload_bytes(MsgType::kResult, r.enc, 0, sh.lanes);
+  if (batching_) {
+    // Signed with the batch's other results at its end (flush_results).
+    PendingResult pr;
+    pr.key = j.dkey;
+    pr.pay_off = pend_pay_.size();
+    pr.plen = plen;
+    pr.first = pend_rcpt_.size();
+    pend_pay_.resize(pend_pay_.size() + plen);
+    lanes::store(sh.reg, sh.rw, sh.lanes, pend_pay_.data() + pr.pay_off);
+    for (uint64_t m = to_mask; m; m &= m - 1) {
+      const int wk = __builtin_ctzll(m);
+      r.worker = static_cast<uint16_t>(wk);
+      r.flags = static_cast<uint16_t>((r.contributors < j.n ? proto::kFlagPartial : 0) |
+                                      ((sh.counted >> wk) & 1 ? 0 : proto::kFlagNotCounted));
+      r.tag = 0;
+      const size_t at = pend_hdr_.size();
+      pend_hdr_.resize(at + proto::kHeaderBytes);
+      proto::write_header(r, pend_hdr_.data() + at, proto::kHeaderBytes);
+      pend_rcpt_.push_back(PendingRecipient{j.peer[wk], resend});
+      ++pr.count;
+    }
+    pend_.push_back(pr);
+    return;
+  }
   uint8_t* pay = p + proto::kHeaderBytes;
   lanes::store(sh.reg, sh.rw, sh.lanes, pay);
-  // One payload hash serves every recipient; only the header differs (auth.h).
+  // One payload hash serves every recipient; only the header differs (auth.h). The recipients'
+  // headers are tagged side by side.
   const uint64_t ph = auth::payload_hash(j.dkey, pay, plen);
-  for (uint64_t m = to_mask; m; m &= m - 1) {
+  const size_t nrec = static_cast<size_t>(popcount(to_mask));
+  if (res_hdrs_.size() < nrec * proto::kHeaderBytes) res_hdrs_.resize(proto::kMaxWorkers * proto::kHeaderBytes);
+  if (res_ptrs_.size() < nrec) {
+    res_ptrs_.resize(proto::kMaxWorkers);
+    res_tags_.resize(proto::kMaxWorkers);
+  }
+  size_t k = 0;
+  for (uint64_t m = to_mask; m; m &= m - 1, ++k) {
     const int wk = __builtin_ctzll(m);
     r.worker = static_cast<uint16_t>(wk);
     r.flags = static_cast<uint16_t>((r.contributors < j.n ? proto::kFlagPartial : 0) |
                                     ((sh.counted >> wk) & 1 ? 0 : proto::kFlagNotCounted));
     r.tag = 0;
-    proto::write_header(r, p, buf_.size());
-    proto::store_be64(p + proto::kTagOffset, auth::tag_from_hash(j.dkey, p, ph));
+    res_ptrs_[k] = res_hdrs_.data() + k * proto::kHeaderBytes;
+    proto::write_header(r, res_hdrs_.data() + k * proto::kHeaderBytes, proto::kHeaderBytes);
+  }
+  auth::tags_from_hash(j.dkey, res_ptrs_.data(), nrec, ph, res_tags_.data());
+  k = 0;
+  for (uint64_t m = to_mask; m; m &= m - 1, ++k) {
+    const int wk = __builtin_ctzll(m);
+    std::memcpy(p, res_ptrs_[k], proto::kTagOffset);
+    proto::store_be64(p + proto::kTagOffset, res_tags_[k]);
     send_packet(j.peer[wk], p, proto::kHeaderBytes + plen, nullptr, out);
     stats_->results_sent.add();
     if (resend) stats_->result_resends.add();
@@ -867,7 +1002,14 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
     return Handled::kDropped;
   }
   Job& j = *jp;
-  if (!auth::verify(j.dkey, data, len)) {
+  // A tag handle_batch computed counts only under the key the job has now (a job freed and
+  // created again within the batch has another).
+  const PreTag* pre = cur_pre_;
+  cur_pre_ = nullptr;
+  const bool authentic = pre && std::memcmp(&pre->key, &j.dkey, sizeof j.dkey) == 0
+                             ? (pre->tag ^ auth::tag_field(data)) == 0
+                             : auth::verify(j.dkey, data, len);
+  if (!authentic) {
     drop(Drop::kBadTag);
     return Handled::kDropped;
   }

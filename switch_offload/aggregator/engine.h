@@ -157,6 +157,13 @@ enum class Handled {
   kJoined,     // a JOIN that passed the address cookie: its source has proven it receives there
 };
 
+// A received datagram, for Engine::handle_batch.
+struct Datagram {
+  const uint8_t* data;
+  size_t len;
+  const PeerAddr* from;
+};
+
 class Engine {
  public:
   Engine(const EngineConfig& cfg, Stats* stats);
@@ -166,6 +173,11 @@ class Engine {
 
   // One datagram from `from`. Never throws on malformed input; drops are counted in stats.
   Handled handle(const uint8_t* data, size_t len, const PeerAddr& from, uint64_t now_us, Sink& out);
+  // A receive batch: exactly handle() on each datagram in order, but the data packets' tags are
+  // computed side by side first (auth::compute_tags: several datagrams per SIMD vector). A tag
+  // computed under a job's key is used only if the job still has that key when its datagram's
+  // turn comes. results (optional): handle()'s answer per datagram.
+  void handle_batch(const Datagram* in, size_t n, uint64_t now_us, Sink& out, Handled* results = nullptr);
   // Quorum timeouts, stuck-op recovery and idle-job expiry. Call at least every tick_interval_us().
   void tick(uint64_t now_us, Sink& out);
   // 1 ms while some open slot may complete by timeout, else 100 ms.
@@ -248,6 +260,41 @@ class Engine {
   uint64_t last_gc_us_ = 0;
   uint64_t last_stats_nonce_ = 0;  // operator STATS nonces must grow (a recorded one is a replay)
   std::vector<uint8_t> buf_;
+  // handle_batch's scratch (grown once, reused: no allocation per batch).
+  struct PreTag {
+    auth::TagKey key;  // the key the tag was computed under
+    uint64_t tag = 0;
+  };
+  std::vector<PreTag> pre_;
+  std::vector<int32_t> pre_of_;  // per datagram of the batch: its pre_ entry, or -1
+  std::vector<const auth::TagKey*> pre_keys_;
+  std::vector<const uint8_t*> pre_data_;
+  std::vector<size_t> pre_len_;
+  std::vector<uint64_t> pre_tags_;
+  const PreTag* cur_pre_ = nullptr;  // the datagram being handled: its precomputed tag, if any
+  // Results of a batch, signed together at its end (their payload hashes side by side too): the
+  // payload and each recipient's header as they were when the result was due.
+  struct PendingResult {
+    auth::TagKey key;
+    size_t pay_off = 0, plen = 0;
+    size_t first = 0, count = 0;  // recipients [first, first + count) of pend_rcpt_
+  };
+  struct PendingRecipient {
+    PeerAddr to;
+    bool resend = false;
+  };
+  void flush_results(Sink& out);
+  bool batching_ = false;
+  std::vector<PendingResult> pend_;
+  std::vector<PendingRecipient> pend_rcpt_;
+  std::vector<uint8_t> pend_pay_, pend_hdr_;  // payloads back to back; kHeaderBytes per recipient
+  std::vector<const auth::TagKey*> pend_keys_;
+  std::vector<const uint8_t*> pend_ptrs_;
+  std::vector<size_t> pend_lens_;
+  std::vector<uint64_t> pend_hash_, pend_tags_;
+  std::vector<uint8_t> res_hdrs_;  // send_result: the recipients' headers, tagged side by side
+  std::vector<const uint8_t*> res_ptrs_;
+  std::vector<uint64_t> res_tags_;
 };
 
 }  // namespace thc::switch_offload

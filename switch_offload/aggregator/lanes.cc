@@ -1,15 +1,64 @@
-#include "switch_offload/aggregator/lanes.h"
+// The lane arithmetic; THC's common case (4-bit indices into u8 sums) is a Highway kernel with
+// dynamic dispatch, as the codec's (collectives/codec/codec_simd.cc), the rest plain loops.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "switch_offload/aggregator/lanes.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 
 #include <cstring>
 
+#include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/wire.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define THC_LANES_X86 1
-#endif
+HWY_BEFORE_NAMESPACE();
+namespace thc::switch_offload::lanes::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
+// regs[i] += t8[index i] for the packed 4-bit indices (LSB first: element 2k is the low nibble of
+// byte k), i < count. A byte shuffle looks 16 table entries up per 128-bit block (the table is in
+// every block). Interleaving the low and high nibbles puts indices in element order only within
+// a block, so the packed bytes are first spread so that block b holds bytes 8b..8b+7 and
+// N/2+8b..N/2+8b+7 (one 64-bit lane permute): the two interleaves then give elements 0..N-1 and
+// N..2N-1 in order.
+void Lookup4U8Impl(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count,
+                   const uint8_t* HWY_RESTRICT t8) {
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t N = hn::Lanes(d8);
+  int i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Repartition<uint64_t, decltype(d8)> d64;
+  const hn::Repartition<uint16_t, decltype(d8)> d16;
+  const size_t M = hn::Lanes(d64);
+  HWY_ALIGN uint64_t spread[HWY_MAX_BYTES / 8];
+  for (size_t k = 0; k < M; ++k) spread[k] = (k & 1) ? M / 2 + k / 2 : k / 2;
+  const auto perm = hn::SetTableIndices(d64, spread);
+  const auto tbl = hn::LoadDup128(d8, t8);
+  const auto low = hn::Set(d8, 0x0F);
+  for (; i + static_cast<int>(2 * N) <= count; i += static_cast<int>(2 * N)) {
+    const auto p = hn::BitCast(d8, hn::TableLookupLanes(hn::BitCast(d64, hn::LoadU(d8, pl + i / 2)), perm));
+    const auto lo = hn::And(p, low);
+    const auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, p))), low);
+    const auto a = hn::TableLookupBytes(tbl, hn::InterleaveLower(d8, lo, hi));
+    const auto b = hn::TableLookupBytes(tbl, hn::InterleaveUpper(d8, lo, hi));
+    hn::StoreU(hn::Add(hn::LoadU(d8, regs + i), a), d8, regs + i);
+    hn::StoreU(hn::Add(hn::LoadU(d8, regs + i + N), b), d8, regs + i + N);
+  }
+#else
+  (void)N;
+#endif
+  for (; i < count; ++i) {
+    const uint32_t z = (pl[i / 2] >> ((i & 1) * 4)) & 0xF;
+    regs[i] = static_cast<uint8_t>(regs[i] + t8[z]);
+  }
+}
+
+}  // namespace thc::switch_offload::lanes::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace thc::switch_offload::lanes {
+
+HWY_EXPORT(Lookup4U8Impl);
 
 namespace {
 
@@ -52,38 +101,6 @@ void lookup_scalar(uint8_t* regs, const uint8_t* pl, int count, int bits, const 
   }
 }
 
-#if THC_LANES_X86
-// THC's common case: 4-bit indices summed into u8 registers. PSHUFB looks 16 table entries up for
-// 16 indices at once: 32 lanes per 16 payload bytes.
-__attribute__((target("ssse3"))) void lookup4_u8_ssse3(uint8_t* regs, const uint8_t* pl, int count,
-                                                       const int32_t* table, bool subtract) {
-  alignas(16) uint8_t t8[16];
-  for (int z = 0; z < 16; ++z) {
-    const uint8_t v = static_cast<uint8_t>(static_cast<uint32_t>(table[z]));
-    t8[z] = subtract ? static_cast<uint8_t>(0u - v) : v;
-  }
-  const __m128i t = _mm_load_si128(reinterpret_cast<const __m128i*>(t8));
-  const __m128i nib = _mm_set1_epi8(0x0F);
-  int i = 0;
-  for (; i + 32 <= count; i += 32) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pl + i / 2));
-    const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(b, nib));
-    const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(b, 4), nib));
-    __m128i* r = reinterpret_cast<__m128i*>(regs + i);
-    _mm_storeu_si128(r, _mm_add_epi8(_mm_loadu_si128(r), _mm_unpacklo_epi8(lo, hi)));
-    _mm_storeu_si128(r + 1, _mm_add_epi8(_mm_loadu_si128(r + 1), _mm_unpackhi_epi8(lo, hi)));
-  }
-  for (; i < count; ++i) {
-    const uint32_t z = (pl[i / 2] >> ((i & 1) * 4)) & 0xF;
-    regs[i] = static_cast<uint8_t>(regs[i] + t8[z]);
-  }
-}
-bool have_ssse3() {
-  static const bool yes = __builtin_cpu_supports("ssse3");
-  return yes;
-}
-#endif
-
 }  // namespace
 
 void add_values(uint8_t* regs, int w, const uint8_t* pl, int count, bool subtract) {
@@ -110,9 +127,15 @@ void add_values(uint8_t* regs, int w, const uint8_t* pl, int count, bool subtrac
 }
 
 void add_lookup(uint8_t* regs, int w, const uint8_t* pl, int count, int bits, const int32_t* table, bool subtract) {
-#if THC_LANES_X86
-  if (w == 1 && bits == 4 && have_ssse3()) return lookup4_u8_ssse3(regs, pl, count, table, subtract);
-#endif
+  if (w == 1 && bits == 4) {
+    // Subtraction adds the negated entries (mod 256).
+    alignas(16) uint8_t t8[16];
+    for (int z = 0; z < 16; ++z) {
+      const uint8_t v = static_cast<uint8_t>(static_cast<uint32_t>(table[z]));
+      t8[z] = subtract ? static_cast<uint8_t>(0u - v) : v;
+    }
+    return HWY_DYNAMIC_DISPATCH(Lookup4U8Impl)(regs, pl, count, t8);
+  }
   if (w == 1) return lookup_scalar<uint8_t>(regs, pl, count, bits, table, subtract);
   if (w == 2) return lookup_scalar<uint16_t>(regs, pl, count, bits, table, subtract);
   lookup_scalar<uint32_t>(regs, pl, count, bits, table, subtract);
@@ -141,3 +164,4 @@ void store(const uint8_t* regs, int w, int count, uint8_t* out) {
 }
 
 }  // namespace thc::switch_offload::lanes
+#endif  // HWY_ONCE

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "common/status.h"
+#include "switch_offload/protocol/siphash_many.h"
 #include "switch_offload/protocol/wire.h"
 
 namespace thc::switch_offload::auth {
@@ -237,6 +239,87 @@ bool verify(const TagKey& k, const uint8_t* p, size_t len) {
   uint8_t want[8];
   proto::store_be64(want, compute_tag(k, p, len));
   return sodium_memcmp(want, p + proto::kTagOffset, 8) == 0;
+}
+
+uint64_t tag_field(const uint8_t* p) { return proto::load_be64(p + proto::kTagOffset); }
+
+namespace {
+// Per-thread scratch of the batched tags, grown once: no allocation per batch.
+struct TagScratch {
+  std::vector<const uint8_t*> keys, msgs;
+  std::vector<size_t> lens;
+  std::vector<uint64_t> hashes;
+  std::vector<uint8_t> blocks;  // header bytes 0..55 || payload hash, per datagram
+  void reserve(size_t n) {
+    if (keys.size() < n) {
+      keys.resize(n);
+      msgs.resize(n);
+      lens.resize(n);
+      hashes.resize(n);
+      blocks.resize(n * (proto::kTagOffset + 8));
+    }
+  }
+};
+thread_local TagScratch scratch;
+constexpr size_t kBlock = proto::kTagOffset + 8;
+}  // namespace
+
+void compute_tags(const TagKey* const* keys, const uint8_t* const* packets, const size_t* lens, size_t n,
+                  uint64_t* tags) {
+  TagScratch& s = scratch;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    s.keys[i] = keys[i]->pl;
+    s.msgs[i] = packets[i] + proto::kHeaderBytes;
+    s.lens[i] = lens[i] - proto::kHeaderBytes;
+  }
+  siphash24_many(s.keys.data(), s.msgs.data(), s.lens.data(), n, s.hashes.data());
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* b = s.blocks.data() + i * kBlock;
+    std::memcpy(b, packets[i], proto::kTagOffset);
+    std::memcpy(b + proto::kTagOffset, &s.hashes[i], 8);
+    s.keys[i] = keys[i]->hdr;
+    s.msgs[i] = b;
+    s.lens[i] = kBlock;
+  }
+  siphash24_many(s.keys.data(), s.msgs.data(), s.lens.data(), n, tags);
+}
+
+void tags_from_hash(const TagKey& k, const uint8_t* const* headers, size_t n, uint64_t ph, uint64_t* tags) {
+  TagScratch& s = scratch;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* b = s.blocks.data() + i * kBlock;
+    std::memcpy(b, headers[i], proto::kTagOffset);
+    std::memcpy(b + proto::kTagOffset, &ph, 8);
+    s.keys[i] = k.hdr;
+    s.msgs[i] = b;
+    s.lens[i] = kBlock;
+  }
+  siphash24_many(s.keys.data(), s.msgs.data(), s.lens.data(), n, tags);
+}
+
+void payload_hashes(const TagKey* const* keys, const uint8_t* const* payloads, const size_t* lens, size_t n,
+                    uint64_t* hashes) {
+  TagScratch& s = scratch;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) s.keys[i] = keys[i]->pl;
+  siphash24_many(s.keys.data(), payloads, lens, n, hashes);
+}
+
+void tags_from_hashes(const TagKey* const* keys, const uint8_t* const* headers, const uint64_t* hashes, size_t n,
+                      uint64_t* tags) {
+  TagScratch& s = scratch;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* b = s.blocks.data() + i * kBlock;
+    std::memcpy(b, headers[i], proto::kTagOffset);
+    std::memcpy(b + proto::kTagOffset, &hashes[i], 8);
+    s.keys[i] = keys[i]->hdr;
+    s.msgs[i] = b;
+    s.lens[i] = kBlock;
+  }
+  siphash24_many(s.keys.data(), s.msgs.data(), s.lens.data(), n, tags);
 }
 
 CookieJar::CookieJar(uint64_t bucket_us) : bucket_us_(bucket_us ? bucket_us : 1) { rotate(); }

@@ -78,6 +78,22 @@ uint64_t compute_tag(const TagKey& k, const uint8_t* packet, size_t len);
 void sign(const TagKey& k, uint8_t* packet, size_t len);
 // Whether the datagram's tag field is its tag under k.
 bool verify(const TagKey& k, const uint8_t* packet, size_t len);
+// The tag field of a datagram (len >= header bytes), to compare with a computed tag.
+uint64_t tag_field(const uint8_t* packet);
+
+// Batched forms (siphash_many.h: several datagrams per SIMD vector), the same values as the
+// functions above. tags[i] = compute_tag(*keys[i], packets[i], lens[i]) (lens[i] >= header bytes).
+void compute_tags(const TagKey* const* keys, const uint8_t* const* packets, const size_t* lens, size_t n,
+                  uint64_t* tags);
+// tags[i] = tag_from_hash(k, headers[i], payload_hash): one payload, several headers (a RESULT to
+// every recipient).
+void tags_from_hash(const TagKey& k, const uint8_t* const* headers, size_t n, uint64_t payload_hash, uint64_t* tags);
+// payload_hash(*keys[i], payloads[i], lens[i]) for every i.
+void payload_hashes(const TagKey* const* keys, const uint8_t* const* payloads, const size_t* lens, size_t n,
+                    uint64_t* hashes);
+// tag_from_hash(*keys[i], headers[i], hashes[i]) for every i.
+void tags_from_hashes(const TagKey* const* keys, const uint8_t* const* headers, const uint64_t* hashes, size_t n,
+                      uint64_t* tags);
 
 // Address cookies (a stateless return-routability check, as DTLS's HelloVerifyRequest): a JOIN
 // only changes state when it carries a cookie the aggregator computed for its source address,

@@ -6,7 +6,9 @@
 
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "switch_offload/aggregator/engine.h"
@@ -59,6 +61,12 @@ class Capture final : public Sink {
   std::vector<Sent> take() {
     std::vector<Sent> r;
     r.swap(out);
+    return r;
+  }
+  static std::vector<Sent> of(const std::vector<Sent>& v, MsgType t) {
+    std::vector<Sent> r;
+    for (const Sent& s : v)
+      if (s.h.type == t) r.push_back(s);
     return r;
   }
   std::vector<Sent> out;
@@ -884,3 +892,130 @@ TEST(Budget, TenantsCannotTakeEachOthersShare) {
 }
 
 }  // namespace
+
+// handle_batch is handle() on each datagram in order: the same replies (results signed together at
+// the batch's end, so only their place in the output differs) and the same counters. The batch
+// holds complete slots, a duplicate, a tampered payload and header, a packet of an unknown job,
+// the job freed by its workers' LEAVEs and created again by a JOIN with a new seed, and then data
+// under the old key (dropped: a tag computed before the batch under the old key must not count)
+// and under the new one.
+TEST(EngineBatch, HandleBatchIsHandleOnEachDatagram) {
+  const auth::Key key = test_key(1);
+  auto make = [&](Stats* st) {
+    EngineConfig c;
+    c.seed = 5;
+    c.incarnation = 6;
+    c.max_slots_per_job = 64;
+    c.keys = std::make_shared<auth::KeyRing>(std::vector<auth::Key>{key});
+    return std::make_unique<Engine>(c, st);
+  };
+  Stats sa, sb;
+  auto A = make(&sa), B = make(&sb);
+  Capture ca, cb;
+  const uint64_t now = 1'000'000;
+  JobId j = JobId::make(key, 9, 2);
+  TableSpec t;
+  t.id = 0;
+  t.bits = 4;
+  t.sum = WireInt::kU8;
+  for (int z = 0; z < 16; ++z) t.values[z] = z * 17 - 40;
+  // The handshakes, one datagram at a time on both engines (each has its own cookie secret).
+  auto join = [&](Engine& e, Capture& c, uint16_t w, uint64_t nonce, const TableSpec* tab) {
+    JoinParams p = params(2, 4, 0);
+    p.table = tab;
+    e.handle(make_join(j, w, p, nonce).data(), make_join(j, w, p, nonce).size(), addr(w), now, c);
+    const std::vector<uint8_t> cookie = c.take().at(0).payload;
+    p.cookie = cookie.data();
+    const std::vector<uint8_t> d = make_join(j, w, p, nonce + 1);
+    e.handle(d.data(), d.size(), addr(w), now, c);
+    JoinAckBody ack;
+    const auto r = c.take();
+    EXPECT_EQ(parse_join_ack(r.at(0).payload.data(), r.at(0).payload.size(), &ack), ParseError::kOk);
+    return ack.seed;
+  };
+  const uint64_t seed = join(*A, ca, 0, 10, &t);
+  EXPECT_EQ(join(*B, cb, 0, 10, &t), seed);
+  join(*A, ca, 1, 10, nullptr);
+  join(*B, cb, 1, 10, nullptr);
+  j.with_seed(seed);
+  // The rejoin's cookie, fetched before the batch (a cookie-less JOIN draws a CHALLENGE).
+  JoinParams rp = params(2, 4, 0);
+  rp.table = &t;
+  const std::vector<uint8_t> ask = make_join(j, 0, rp, 50);
+  A->handle(ask.data(), ask.size(), addr(0), now, ca);
+  B->handle(ask.data(), ask.size(), addr(0), now, cb);
+  const std::vector<uint8_t> cookie_a = ca.take().at(0).payload, cookie_b = cb.take().at(0).payload;
+
+  std::mt19937 rng(4);
+  auto codes = [&] {
+    std::vector<uint8_t> c(256);
+    for (auto& x : c) x = static_cast<uint8_t>(rng() & 15);
+    return c;
+  };
+  std::vector<std::vector<uint8_t>> batch;
+  for (uint64_t seq = 0; seq < 6; ++seq)
+    for (uint16_t w = 0; w < 2; ++w) batch.push_back(make_indices(j, w, 4, seq, 0, WireInt::kU8, 4, 0, codes()));
+  batch.push_back(batch[3]);  // a duplicate (answered with the stored result)
+  std::vector<uint8_t> bad = make_indices(j, 0, 4, 6, 0, WireInt::kU8, 4, 0, codes());
+  bad[kHeaderBytes + 5] ^= 1;
+  batch.push_back(bad);
+  bad = make_indices(j, 1, 4, 6, 0, WireInt::kU8, 4, 0, codes());
+  bad[40] ^= 1;
+  batch.push_back(bad);
+  JobId other = JobId::make(key, 10, 2);
+  other.with_seed(seed);
+  batch.push_back(make_indices(other, 0, 4, 0, 0, WireInt::kU8, 4, 0, codes()));
+  batch.push_back(make_leave(j, 0, 60));
+  batch.push_back(make_leave(j, 1, 60));
+  const size_t rejoin_at = batch.size();
+  batch.emplace_back();  // the JOIN with each engine's own cookie
+  // Run A one datagram at a time up to the rejoin to learn the new seed, then build the rest.
+  std::vector<std::vector<uint8_t>> tail;
+  for (size_t i = 0; i < rejoin_at; ++i) A->handle(batch[i].data(), batch[i].size(), addr(i < 13 ? i % 2 : 0), now, ca);
+  rp.cookie = cookie_a.data();
+  const std::vector<uint8_t> rejoin_a = make_join(j, 0, rp, 61);
+  A->handle(rejoin_a.data(), rejoin_a.size(), addr(0), now, ca);
+  JoinAckBody ack;
+  const auto acks = Capture::of(ca.out, MsgType::kJoinAck);
+  ASSERT_EQ(acks.size(), 1u);
+  ASSERT_EQ(parse_join_ack(acks[0].payload.data(), acks[0].payload.size(), &ack), ParseError::kOk);
+  ASSERT_NE(ack.seed, seed);
+  JobId renewed = j;
+  renewed.with_seed(ack.seed);
+  tail.push_back(make_indices(j, 0, 4, 0, 0, WireInt::kU8, 4, 0, codes()));  // the old key: dropped
+  tail.push_back(make_indices(renewed, 0, 4, 0, 0, WireInt::kU8, 4, 0, codes()));
+  tail.push_back(make_indices(renewed, 0, 4, 0, 0, WireInt::kU8, 4, 0, codes()));  // not the same packet twice: a mismatch or duplicate
+  for (const auto& d : tail) A->handle(d.data(), d.size(), addr(0), now, ca);
+
+  // B: the same datagrams as one batch (its own cookie in the JOIN).
+  rp.cookie = cookie_b.data();
+  batch[rejoin_at] = make_join(j, 0, rp, 61);
+  for (const auto& d : tail) batch.push_back(d);
+  std::vector<PeerAddr> from;
+  for (size_t i = 0; i < batch.size(); ++i) from.push_back(addr(i < 13 ? static_cast<int>(i % 2) : 0));
+  std::vector<Datagram> in;
+  for (size_t i = 0; i < batch.size(); ++i) in.push_back(Datagram{batch[i].data(), batch[i].size(), &from[i]});
+  std::vector<Handled> res(in.size());
+  B->handle_batch(in.data(), in.size(), now, cb, res.data());
+
+  EXPECT_EQ(stats_values(sa), stats_values(sb));
+  EXPECT_EQ(sa.drops[static_cast<int>(Drop::kBadTag)].get(), 3u) << "two tampered, one under the old key";
+  EXPECT_EQ(res[res.size() - 3], Handled::kDropped);
+  EXPECT_EQ(res[res.size() - 2], Handled::kAuthentic);
+  auto bytes = [](const std::vector<Sent>& v) {
+    std::vector<std::vector<uint8_t>> b;
+    for (const Sent& s : v) b.push_back(s.bytes);
+    std::sort(b.begin(), b.end());
+    return b;
+  };
+  ASSERT_GT(ca.out.size(), 12u);
+  EXPECT_EQ(bytes(ca.out), bytes(cb.out));
+  // Everything but the results in the same order (the results come at the batch's end).
+  std::vector<Sent> na, nb;
+  for (const Sent& s : ca.out)
+    if (s.h.type != MsgType::kResult) na.push_back(s);
+  for (const Sent& s : cb.out)
+    if (s.h.type != MsgType::kResult) nb.push_back(s);
+  ASSERT_EQ(na.size(), nb.size());
+  for (size_t i = 0; i < na.size(); ++i) EXPECT_EQ(na[i].bytes, nb[i].bytes) << i;
+}

@@ -1,6 +1,8 @@
 // The aggregator's lane arithmetic (aggregator/lanes.h) against a plain model: every register
 // width, every index width, counts that are and are not multiples of the vector widths,
-// subtraction, wrap-around, and the big-endian result layout.
+// subtraction, wrap-around (sums wrap in the register, never saturate), registers past the count
+// untouched, and the big-endian result layout; the Highway kernel (4-bit indices into u8) on every
+// target this machine runs (hwy::SetSupportedTargetsForTest).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,6 +11,7 @@
 
 #include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/wire.h"
+#include "hwy/targets.h"
 
 namespace {
 
@@ -20,11 +23,24 @@ uint32_t reg(const std::vector<uint8_t>& r, int w, int i) {
   return v;
 }
 
+template <class F>
+void for_each_target(F f) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    hwy::SetSupportedTargetsForTest(t);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(t));
+    f();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 TEST(AggregatorLanes, LookupMatchesTheModelForEveryWidth) {
+  for_each_target([] {
   std::mt19937 rng(11);
   for (int w : {1, 2, 4})
     for (int bits = 1; bits <= 8; ++bits)
-      for (int count : {1, 7, 8, 31, 32, 33, 64, 100, 1408}) {
+      for (int count : {1, 7, 8, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 257, 1407, 1408, 2816}) {
         std::vector<int32_t> table(256);
         for (auto& t : table) t = static_cast<int32_t>(rng()) >> (rng() % 24);
         std::vector<uint8_t> codes(static_cast<size_t>(count));
@@ -33,7 +49,7 @@ TEST(AggregatorLanes, LookupMatchesTheModelForEveryWidth) {
         for (int i = 0; i < count; ++i)
           for (int k = 0; k < bits; ++k)
             if ((codes[i] >> k) & 1) pl[(i * bits + k) / 8] |= static_cast<uint8_t>(1u << ((i * bits + k) % 8));
-        std::vector<uint8_t> regs(static_cast<size_t>(count) * w + 16);
+        std::vector<uint8_t> regs(static_cast<size_t>(count) * w + 16, 0xAB);
         std::vector<uint32_t> model(static_cast<size_t>(count));
         for (int i = 0; i < count; ++i) {
           const uint32_t start = rng();
@@ -49,7 +65,10 @@ TEST(AggregatorLanes, LookupMatchesTheModelForEveryWidth) {
         lanes::add_lookup(regs.data(), w, pl.data(), count, bits, table.data(), true);
         for (int i = 0; i < count; ++i) model[i] -= static_cast<uint32_t>(table[codes[i]]);
         for (int i = 0; i < count; ++i) ASSERT_EQ(reg(regs, w, i), model[i] & mask);
+        for (size_t k = static_cast<size_t>(count) * w; k < regs.size(); ++k)
+          ASSERT_EQ(regs[k], 0xAB) << "a register past the count was written: w=" << w << " b=" << bits << " count=" << count;
       }
+  });
 }
 
 TEST(AggregatorLanes, ValuesMaxAndStore) {

@@ -68,6 +68,8 @@ class UdpServer {
   size_t jobs() const;
   // CPU seconds the aggregation threads used so far (all threads together).
   double cpu_seconds() const;
+  // The same split into user and kernel time (/proc, clock-tick resolution: 10 ms).
+  void cpu_split(double* user, double* kernel) const;
 
  private:
   struct Shard;
