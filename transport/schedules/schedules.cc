@@ -97,20 +97,17 @@ class Sched : public Request {
     auto deadline = [tmo](Clock::time_point from) {
       return tmo > 0 ? from + std::chrono::milliseconds(tmo) : Clock::time_point::max();
     };
-    Clock::time_point last = Clock::now();
-    Clock::time_point until = deadline(last);
+    Clock::time_point until = deadline(Clock::now());
     uint64_t nap = 0;
     while (!done_) {
       if (progress() > 0) {
-        last = Clock::now();
-        until = deadline(last);
+        until = deadline(Clock::now());
         nap = 0;
         continue;
       }
       if (done_) break;
       const Clock::time_point now = Clock::now();
       if (now >= until) abandon(Status::kTimeout, timeout_message());
-      if (now - last < std::chrono::microseconds(50)) continue;
       nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
       link_->idle(nap);
     }
