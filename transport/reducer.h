@@ -41,6 +41,10 @@ class Request {
     bool self_counted = true;
   };
   virtual std::vector<Part> parts() const { return {}; }
+  // The result of a start_lookup_sum given no sums buffer (Reducer::lends_sums): in the buffer
+  // the transport gathered it in, valid from completion until this request is destroyed. Null
+  // for every other operation.
+  virtual const void* lent_sums() const { return nullptr; }
 };
 
 // A table the aggregator applies to each index before summing: values[z], z < 2^bits.
@@ -107,6 +111,10 @@ class Reducer {
     return start_sum(buf, bounds.empty() ? 0 : bounds.back(), IntType::kU8);
   }
 
+  // Whether start_lookup_sum takes sums == nullptr and then keeps the result in a buffer of its
+  // own (Request::lent_sums): a result that the transport received in its own buffers (it must
+  // own every buffer a peer may still write after a failure) is then not copied again.
+  virtual bool lends_sums() const { return false; }
   // Whether start_lookup_sum is this backend's native path (parameter server, switch) or only an
   // emulation; the engine's "auto" algorithm choice asks this.
   virtual bool prefers_index_form() const { return false; }

@@ -438,19 +438,28 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   const size_t wsz = codec::int_size(cod.sum_type());
   reducer_->set_part_granule(B);
 
+  // The colocated PS's sums are decoded where the transport gathered them, if it lends them.
+  const bool lend = algo == Algo::kPs && reducer_->lends_sums();
   struct Slot {
     std::vector<float> x;  // this chunk's input (grad + e), kept for a worker left out
-    std::vector<uint8_t> packed;
-    std::vector<uint8_t> sums;
+    uint8_t* packed = nullptr;
+    uint8_t* sums = nullptr;
     std::unique_ptr<transport::Request> req;
     uint64_t b0 = 0, nblk = 0;
   };
   Slot slots[2];
   const uint64_t max_wire = chunk_blocks * B;
-  for (Slot& s : slots) {
+  // Staging kept by the communicator (stage_), grown to the chunk: allocated and zero-filled per
+  // call it cost page faults every call.
+  auto stage = [this](size_t i, size_t bytes) {
+    if (stage_[i].size() < bytes) stage_[i].resize(bytes);
+    return stage_[i].data();
+  };
+  for (size_t i = 0; i < 2; ++i) {
+    Slot& s = slots[i];
     if (!sendf) s.x.resize(buf_elems);
-    s.sums.resize(max_wire * wsz);
-    if (algo == Algo::kPs) s.packed.resize(cod.packed_bytes(max_wire) + 8);
+    if (!lend) s.sums = stage(2 * i, max_wire * wsz);
+    if (algo == Algo::kPs) s.packed = stage(2 * i + 1, cod.packed_bytes(max_wire) + 8);
   }
 
   std::vector<float> obuf(recvf ? 0 : buf_elems);
@@ -459,7 +468,9 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   auto finish = [&](Slot& s, Slot* drive) {
     s.req->wait();
     const std::vector<BlockPart> parts = block_parts(*s.req, s.b0, s.nblk, B, n);
-    s.req.reset();
+    // A lent result lives as long as its request: dropped after the decode.
+    const uint8_t* const sums0 = lend ? static_cast<const uint8_t*>(s.req->lent_sums()) : s.sums;
+    if (!sums0) fail(Status::kInternal, "the transport lent no sums");
     for (const BlockPart& p : parts) {
       // A few blocks at a time (a few milliseconds of work), so the next chunk's transfer keeps
       // going while this one is decoded.
@@ -469,7 +480,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         const uint64_t first = b * B;
         const uint64_t m = std::min<uint64_t>(count - first, g * B);
         const uint64_t wire_off = (b - s.b0) * B;
-        const uint8_t* sums = s.sums.data() + wire_off * wsz;
+        const uint8_t* sums = sums0 + wire_off * wsz;
         // Partial aggregation: SUM is scaled from the counted workers' mean to all n.
         const bool as_mean = mean || p.contributors != n;
         float* dst = recvf ? recvf + first : obuf.data();
@@ -484,6 +495,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         if (drive && drive->req) drive->req->test();
       }
     }
+    s.req.reset();
   };
   // Left behind (the job went on without this rank): nothing of the call from `from_b0` on was
   // counted, so the whole contribution x = grad + e stays in the residual, for the chunks in
@@ -522,9 +534,9 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
       if (algo == Algo::kPs) {
-        out.packed = s.packed.data();
+        out.packed = s.packed;
       } else {
-        out.values = s.sums.data();
+        out.values = s.sums;
       }
       if (ef) out.residual = ef->residual.data() + first;
       host_->encode(cod, lay, b0, s.nblk, xin, stats.data() + b0, rng, out, [&] {
@@ -534,10 +546,10 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       for (uint64_t k = 0; k < s.nblk; ++k) wire += lay.wire(b0 + k);
       wire_total += wire;
       if (algo == Algo::kPs) {
-        s.req = reducer_->start_lookup_sum(s.packed.data(), wire, plan.table, s.sums.data(), cod.sum_type(),
+        s.req = reducer_->start_lookup_sum(s.packed, wire, plan.table, s.sums, cod.sum_type(),
                                            plan.down.get());
       } else {
-        s.req = reducer_->start_sum(s.sums.data(), wire, cod.sum_type());
+        s.req = reducer_->start_sum(s.sums, wire, cod.sum_type());
       }
       if (pending) finish(*pending, &s);
       pending = &s;

@@ -97,20 +97,17 @@ class Sched : public Request {
     auto deadline = [tmo](Clock::time_point from) {
       return tmo > 0 ? from + std::chrono::milliseconds(tmo) : Clock::time_point::max();
     };
-    Clock::time_point last = Clock::now();
-    Clock::time_point until = deadline(last);
+    Clock::time_point until = deadline(Clock::now());
     uint64_t nap = 0;
     while (!done_) {
       if (progress() > 0) {
-        last = Clock::now();
-        until = deadline(last);
+        until = deadline(Clock::now());
         nap = 0;
         continue;
       }
       if (done_) break;
       const Clock::time_point now = Clock::now();
       if (now >= until) abandon(Status::kTimeout, timeout_message());
-      if (now - last < std::chrono::microseconds(50)) continue;
       nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
       link_->idle(nap);
     }
@@ -304,6 +301,7 @@ class PsSum final : public Sched {
                                     : "reduce-scatter of indices (lookup-sum on each shard's owner)"),
         n_(link().size()), r_(link().rank()), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
         type_(type), w_(codec::int_size(type)), down_(down), gather_(gather) {
+    if (!sums_ && !gather_) fail(Status::kInternal, "lookup sum: a reduce-scatter needs the caller's sums buffer");
     const int b = table.bits;
     // Shards are multiples of 8 elements, so every shard and piece starts on a byte of the packed
     // stream.
@@ -329,8 +327,16 @@ class PsSum final : public Sched {
     const uint64_t my_first = off_[r_], my_elems = off_[r_ + 1] - off_[r_];
     const uint64_t my_bytes = (my_elems * static_cast<uint64_t>(b) + 7) / 8;
     rin_ = take(static_cast<size_t>(n_ - 1) * my_bytes + 1);
-    acc_ = take(my_elems * w_ + 1);
+    // Without re-compression the gathered sums are laid out as the result (pieces in element
+    // order, w_ bytes each): the owner sums its pieces in place there, and a caller that lets the
+    // request keep the result (sums == nullptr, lent_sums) reads it there, copied nowhere.
+    if (down_) acc_ = take(my_elems * w_ + 1);
     gath_ = take(enc_total + 1);
+    if (!sums_) {
+      if (down_) res_ = take(count * w_ + 1);
+      sums_ = down_ ? res_.data() : gath_.data();
+      lent_ = sums_;
+    }
     arrived_.assign(mine.size(), 0);
     // Receives first (they only name buffers), in the order each peer sends: piece by piece.
     for (int s = 1; s < n_; ++s) {
@@ -365,8 +371,9 @@ class PsSum final : public Sched {
 
   ~PsSum() override {
     shutdown();
-    for (auto* v : {&in_, &rin_, &acc_, &gath_}) recycle(*v);
+    for (auto* v : {&in_, &rin_, &acc_, &gath_, &res_}) recycle(*v);
   }
+  const void* lent_sums() const override { return lent_; }
 
  private:
   size_t piece_bytes(int q, size_t k) const {
@@ -385,7 +392,7 @@ class PsSum final : public Sched {
       const uint8_t* src = gath_.data() + enc_off_[peer][index];
       if (down_) {
         down_->decode(src, p.first, p.count, sums_ + p.first * w_);
-      } else {
+      } else if (sums_ != gath_.data()) {
         std::memcpy(sums_ + p.first * w_, src, p.count * w_);
       }
       ++gathered_;
@@ -395,20 +402,19 @@ class PsSum final : public Sched {
     const Piece& p = pieces_[r_][k];
     const uint64_t rel = p.first - off_[r_];
     const int b = table_.bits;
-    uint8_t* acc = acc_.data() + rel * w_;
+    uint8_t* out = gath_.data() + enc_off_[r_][k];
+    uint8_t* acc = down_ ? acc_.data() + rel * w_ : out;
     std::memset(acc, 0, p.count * w_);
     lookup_add(table_, in_.data(), p.first, p.count, type_, acc);
     const uint64_t my_bytes = ((off_[r_ + 1] - off_[r_]) * static_cast<uint64_t>(b) + 7) / 8;
     for (int s = 1; s < n_; ++s)
       lookup_add(table_, rin_.data() + static_cast<size_t>(s - 1) * my_bytes, rel, p.count, type_, acc);
-    uint8_t* out = gath_.data() + enc_off_[r_][k];
     if (down_) {
       // Every rank, the owner included, ends with the decoded re-compressed sums.
       down_->encode(acc, p.first, p.count, out);
       down_->decode(out, p.first, p.count, sums_ + p.first * w_);
-    } else {
-      std::memcpy(out, acc, p.count * w_);
-      std::memcpy(sums_ + p.first * w_, acc, p.count * w_);
+    } else if (sums_ != gath_.data()) {
+      std::memcpy(sums_ + p.first * w_, out, p.count * w_);
     }
     if (gather_)
       for (int s = 1; s < n_; ++s) send((r_ + s) % n_, tag(1), out, piece_bytes(r_, k), 1, /*urgent=*/true);
@@ -432,7 +438,8 @@ class PsSum final : public Sched {
   std::vector<uint64_t> off_;
   std::vector<std::vector<Piece>> pieces_;
   std::vector<std::vector<uint64_t>> enc_off_;
-  std::vector<uint8_t> in_, rin_, acc_, gath_;
+  std::vector<uint8_t> in_, rin_, acc_, gath_, res_;
+  const uint8_t* lent_ = nullptr;  // the result, where the request keeps it (sums == nullptr)
   std::vector<int> arrived_;
   size_t reduced_ = 0;
   uint64_t gathered_ = 0, gathered_need_ = 0;
@@ -703,6 +710,7 @@ class ScheduledReducer final : public Reducer {
   int size() const override { return sh_->link->size(); }
   std::string name() const override { return sh_->link->name(); }
   bool applies_downstream() const override { return true; }
+  bool lends_sums() const override { return true; }
 
   void max_u32(uint32_t* data, size_t n) override {
     sh_->check_usable();

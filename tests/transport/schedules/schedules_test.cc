@@ -137,20 +137,36 @@ TEST_P(Schedules, LookupSumEqualsTheSumOfTableValues) {
             std::mt19937 rng(static_cast<unsigned>(bits * 31 + count));
             for (int z = 0; z < (1 << bits); ++z) table.values.push_back(static_cast<int32_t>(rng() % 61) - 30);
             const uint64_t bytes = (count * bits + 7) / 8;
-            std::vector<std::vector<uint8_t>> packed(n), sums(n);
+            std::vector<std::vector<uint8_t>> packed(n), packed2(n), sums(n);
             for (int r = 0; r < n; ++r) {
               packed[r] = random_ints(bytes + 1, IntType::kU8, 77 * r + bits);
+              packed2[r] = random_ints(bytes + 1, IntType::kU8, 5077 * r + bits);
               sums[r].assign(count * width(t), 0xAB);
             }
             OffsetCodec down(t);
+            // Into the caller's buffer, then (the reducer's buffers now reused, holding the first
+            // operation's bytes) with the result kept by the request (lent_sums).
+            std::vector<std::vector<uint8_t>> lent(n);
             run(n, opt, 30000, [&](int r, Reducer& red) {
               red.start_lookup_sum(packed[r].data(), count, table, sums[r].data(), t, with_down ? &down : nullptr)->wait();
+              ASSERT_TRUE(red.lends_sums());
+              auto req = red.start_lookup_sum(packed2[r].data(), count, table, nullptr, t, with_down ? &down : nullptr);
+              req->wait();
+              const auto* p = static_cast<const uint8_t*>(req->lent_sums());
+              ASSERT_NE(p, nullptr);
+              lent[r].assign(p, p + count * width(t));
             });
             for (uint64_t i = 0; i < count; ++i) {
-              int64_t want = 0;
-              for (int r = 0; r < n; ++r) want += table.values[thc::elem::packed_get(packed[r].data(), i, bits)];
-              for (int r = 0; r < n; ++r)
+              int64_t want = 0, want2 = 0;
+              for (int r = 0; r < n; ++r) {
+                want += table.values[thc::elem::packed_get(packed[r].data(), i, bits)];
+                want2 += table.values[thc::elem::packed_get(packed2[r].data(), i, bits)];
+              }
+              for (int r = 0; r < n; ++r) {
                 ASSERT_EQ(load(t, sums[r].data(), i), wrap(t, static_cast<uint64_t>(want))) << "rank " << r << " element " << i;
+                ASSERT_EQ(load(t, lent[r].data(), i), wrap(t, static_cast<uint64_t>(want2)))
+                    << "lent, rank " << r << " element " << i;
+              }
             }
           }
 }
