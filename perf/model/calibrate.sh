@@ -9,6 +9,12 @@
 #                  is perf/model/calib_default.json)
 #   --bin-dir DIR  the build tree (default: build)
 #   --quick        shorter runs (Google Benchmark min time 0.2 s, 2 aggregator reps)
+#   --testbed      also measure what the emulated cluster adds (root: network namespaces): Open MPI's
+#                  ring step latency and the hop latency of thc's schedules from small calls at
+#                  1 Gbit/s, the transport's CPU per byte from an unshaped float32 ring
+#                  (perf/compare.sh --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10
+#                  --configs "none-ring thc-int", then thc_model.py calibrate-testbed); the model's
+#                  `testbed` scenario needs it
 #
 # What it runs (about 1-2 minutes):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
@@ -28,11 +34,13 @@ ROOT=$(cd "$HERE/../.." && pwd)
 OUT="$HERE/calib_local.json"
 BIN="$ROOT/build"
 QUICK=0
+TESTBED=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --bin-dir) BIN="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --testbed) TESTBED=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
     *) echo "calibrate.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -153,4 +161,11 @@ with open(out, "w") as f:
     f.write("\n")
 print(json.dumps(res, indent=1))
 EOF
+if (( TESTBED )); then
+  echo "calibrate.sh: testbed (perf/compare.sh on the emulated cluster)" >&2
+  bash "$ROOT/perf/compare.sh" --out "$TMP/testbed" --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10 \
+    --configs "none-ring thc-int" --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/testbed.log" 2>&1 \
+    || { tail -30 "$TMP/testbed.log" >&2; exit 1; }
+  python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --write "$OUT"
+fi
 echo "calibrate.sh: wrote $OUT" >&2

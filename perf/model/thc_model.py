@@ -378,6 +378,8 @@ class Model:
         t = pre_t + pre_x + enc_t + (nch - 1) * steady + frac_last * (max(wire_chunk, chain) + dec_t)
         parts = dict(cpu=steady_cpu, wire=wire_chunk, latency=chain / overlap)
         bound = max(parts, key=parts.get)
+        if bound == "latency" and wire_chunk >= 0.8 * parts["latency"]:
+            bound = "wire"  # the chain is the wire time plus a few hops
         return dict(time=t, wire=wire_B, bound=bound, chunks=nch, rho=steady_cpu / steady, alpha=alpha)
 
     def run(self, name):
@@ -453,7 +455,7 @@ def validate(cal, dirs, out_md=None):
     for (c, size) in sorted(meas, key=lambda k: (list(VALIDATE).index(k[0]), k[1])):
         algo, over = VALIDATE[c]
         ts = sorted(t for t, _ in meas[(c, size)])
-        t_meas = ts[len(ts) // 2]
+        t_meas = _median(ts)
         mdl = Model(cal, "testbed", n, size, B)
         if algo == "thc-agg":
             # The switch position of the testbed: thc-aggregator in the bridge namespace, behind
