@@ -13,8 +13,10 @@
 #                  ring step latency and the hop latency of thc's schedules from small calls at
 #                  1 Gbit/s, the transport's CPU per byte from an unshaped float32 ring
 #                  (perf/compare.sh --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10
-#                  --configs "none-ring thc-int", then thc_model.py calibrate-testbed); the model's
-#                  `testbed` scenario needs it
+#                  --configs "none-ring thc-int", then thc_model.py calibrate-testbed); and the CPU
+#                  per call of thc-agg-switch and thc-ps at 128 MB and 1 Gbit/s (the ranks' and
+#                  the aggregator's user+sys, the kernel's work in their contexts): per worker
+#                  datagram and per byte of thc's schedules; the model's `testbed` scenario needs it
 #
 # What it runs (about 1-2 minutes):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
@@ -166,6 +168,27 @@ if (( TESTBED )); then
   bash "$ROOT/perf/compare.sh" --out "$TMP/testbed" --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10 \
     --configs "none-ring thc-int" --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/testbed.log" 2>&1 \
     || { tail -30 "$TMP/testbed.log" >&2; exit 1; }
-  python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --write "$OUT"
+  # CPU per call of thc's own paths at 128 MB (outside the validation's sizes): the ranks' `# cpu:`
+  # line; the aggregator's user+sys from /proc while it runs (it sleeps between calls).
+  : > "$TMP/cpu.txt"
+  for cfg in thc-agg-switch thc-ps; do
+    echo "calibrate.sh: testbed CPU of $cfg at 128M" >&2
+    d="$TMP/cpu_$cfg"
+    bash "$ROOT/perf/compare.sh" --out "$d" --rates 1gbit --min-size 128M --max-size 128M --iters 5 \
+      --configs "$cfg" --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/cpu_$cfg.log" 2>&1 &
+    cpid=$! agg_ticks=0
+    while kill -0 "$cpid" 2>/dev/null; do
+      p=$(pgrep -f -- "--key-file $d/raw/agg.keys" | head -1 || true)
+      [[ -n "$p" ]] && t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) && [[ -n "$t" ]] && agg_ticks=$t
+      sleep 0.2
+    done
+    wait "$cpid" || { tail -30 "$TMP/cpu_$cfg.log" >&2; exit 1; }
+    rank_ms=$(sed -n 's/.*cpu: \([0-9.]*\) ms per call per rank.*/\1/p' "$d"/raw/1gbit_"$cfg".log | head -1)
+    rx=$(grep -ho 'rx_packets=[0-9]*' "$d"/raw/*agg.0.log 2>/dev/null | tail -1 | cut -d= -f2 || true)
+    [[ -n "$rank_ms" ]] || { echo "calibrate.sh: no '# cpu:' line from $cfg" >&2; exit 1; }
+    echo "$cfg 128M $rank_ms $(awk -v t="$agg_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN{print t / hz}') ${rx:-0}" >> "$TMP/cpu.txt"
+  done
+  cat "$TMP/cpu.txt" >&2
+  python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --cpu "$TMP/cpu.txt" --write "$OUT"
 fi
 echo "calibrate.sh: wrote $OUT" >&2

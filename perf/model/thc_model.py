@@ -160,6 +160,10 @@ class Model:
             self.sc["alpha"] = tb["alpha_sched_s"]
             self.sc["alpha_ompi"] = tb["alpha_ompi_s"]
             self.sc["transport_cpu_s_per_GB"] = tb["transport_cpu_s_per_GB"]
+            # What thc's own paths cost the machine per byte / per datagram on the testbed, from the
+            # CPU accounting of whole calls (calibrate.sh --testbed); older calibrations lack them.
+            self.sc["thc_transport_cpu_s_per_GB"] = tb.get("thc_transport_cpu_s_per_GB")
+            self.sc["dgram_cpu_s"] = tb.get("dgram_cpu_s")
         self.sc.update(over)
         self.n, self.size, self.B = n, size, rate_Bps
         self.E = size // 4
@@ -202,12 +206,14 @@ class Model:
             t = max(t, agg_cpu)  # aggregator CPU is already per aggregator core set
         return t
 
-    def net_cpu(self, bytes_moved):
+    def net_cpu(self, bytes_moved, thc=False):
         """CPU of moving bytes through the transport (kernel TCP and MPI copies): per byte sent
-        plus per byte received; zero where the NIC does it (RDMA)."""
+        plus per byte received; zero where the NIC does it (RDMA). thc: thc's schedules (ranks nap
+        while waiting) where the testbed measured them apart from Open MPI's busy-polling ring."""
         if not self.sc["transport_cpu"]:
             return 0.0
-        per_GB = self.sc.get("transport_cpu_s_per_GB") or self.cal["transport"]["tcp_cpu_s_per_GB"]
+        per_GB = (thc and self.sc.get("thc_transport_cpu_s_per_GB")) or self.sc.get("transport_cpu_s_per_GB") \
+            or self.cal["transport"]["tcp_cpu_s_per_GB"]
         return bytes_moved * per_GB / 1e9
 
     def small_allreduce(self, nbytes):
@@ -297,7 +303,7 @@ class Model:
             pieces = max(1, math.ceil(shard * w / PIECE_BYTES))
             msgs = 2 * (n - 1) * pieces
             red_cpu = Ec / (self.cal["codec"]["lookup_add_Glanes_s"] * 1e9) if self.sc["codec"] == "cpu" else 0.0
-            net = self.net_cpu(2 * sent) + msgs * msg
+            net = self.net_cpu(2 * sent, thc=True) + msgs * msg
             # The allgather of a piece waits for the piece's indices from every peer.
             idx_piece = min(shard, PIECE_BYTES / w) * b / 8
             chain = wire_chunk + self.hop(alpha, idx_piece) + self.hop(alpha, min(shard * w, PIECE_BYTES))
@@ -311,7 +317,7 @@ class Model:
             steps = 2 * (n - 1)
             msgs = steps * max(1, math.ceil(seg / PIECE_BYTES))
             red_cpu = (n - 1) * seg / (self.cal["codec"]["int_add_GBps"] * 1e9) if self.sc["codec"] == "cpu" else 0.0
-            net = self.net_cpu(2 * sent) + msgs * msg
+            net = self.net_cpu(2 * sent, thc=True) + msgs * msg
             chain = steps * max(seg * f / self.B, piece * f / self.B + self.hop(alpha, piece))
             wire_B = sent / Ec
         else:  # aggregators: "switch" (line rate, Tofino profile) or "agg" (k software aggregators)
@@ -332,7 +338,11 @@ class Model:
             # The client sends over kernel UDP sockets (the DPDK client has not run on a real NIC):
             # the datagram cost holds in every scenario, RDMA-class or not.
             per_pkt = self.cal["aggregator"]["cpu_s_per_worker_packet"]
-            net = pkts * per_pkt
+            # The testbed measured the whole cost of a worker datagram (its send and its result's
+            # receive, the aggregator's receive, lookup-add and send, the kernel's work through
+            # veth, bridge and tbf in every process): it is charged here, and no aggregator CPU apart.
+            dgram_all = self.sc.get("dgram_cpu_s") if algo == "agg" and self.sc["machine_cores"] else None
+            net = pkts * (dgram_all or per_pkt)
             if algo == "switch":
                 wire_chunk = t_worker
                 agg_t = 0.0
@@ -342,7 +352,7 @@ class Model:
                 # n lanes per element of its share.
                 t_agglink = n * max(up, down) / k / self.B
                 lanes_rate = self.cal["aggregator"]["lanes_per_cpu_s"]
-                agg_cpu_chunk = n * Ec / lanes_rate / (1 if self.sc["machine_cores"] else k)
+                agg_cpu_chunk = 0.0 if dgram_all else n * Ec / lanes_rate / (1 if self.sc["machine_cores"] else k)
                 wire_chunk = max(t_worker, t_agglink)
                 agg_t = agg_cpu_chunk
             # The window: at most AGG_SLOTS packets per round trip.
@@ -485,6 +495,7 @@ def _agg_switch_position(self):
     """The testbed's thc-agg-switch: the aggregator sits on the bridge, so each worker's link
     carries its own datagrams (as a switch) but the aggregation costs CPU on the shared cores."""
     sc = dict(self.sc)
+    sc.pop("testbed_measured", None)  # already resolved (with any overrides) in self.sc
     m = Model(self.cal, sc, self.n, self.size, self.B, self.chunk_bytes, k_aggs=self.n)
     # k = n aggregator "links" of rate B: the bridge-side ports are the workers' own; the
     # aggregator's CPU is the shared machine's.
@@ -509,7 +520,7 @@ def _median(v):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2):
+def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None):
     """What the emulated cluster adds to the per-core rates, from calls that are not validation
     points: small calls (256 KB - 1 MB, latency-bound) and an unshaped float32 ring (CPU-bound).
       alpha_ompi_s   a step of Open MPI's blocking ring: the float32 ring at 1 Gbit/s, less its wire
@@ -555,7 +566,52 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2):
     tb["alpha_sched_s"] = _median(fits)
     tb["source"] = (f"compare.sh results in {d}: none-ring at {rate} (256 KB - 1 MB) and unshaped ({human(S)}), "
                     f"thc-int at {rate} (256 KB - 1 MB); {n} ranks, {cores} cores")
+    if cpu_file:
+        tb.update(calibrate_testbed_cpu(cal, cpu_file, n))
     return tb
+
+
+def calibrate_testbed_cpu(cal, path, n=4):
+    """CPU that the processes of one call use on the testbed, the kernel's work through veth, bridge
+    and tbf in their contexts included, from compare.sh runs at 1 Gbit/s (calibrate.sh --testbed
+    writes the lines `config size rank_cpu_ms agg_cpu_s agg_rx_packets`): the ranks' user+sys per
+    call (thc_allreduce_perf's `# cpu:` line, timed calls only) and the aggregator's user+sys over
+    its life (/proc/PID/stat; it sleeps between calls), per call by its datagram count. Less the
+    codec's CPU at the calibrated one-core rates, it gives
+      dgram_cpu_s                 per worker datagram of thc-agg-switch: the worker's send and its
+                                  result's receive, the aggregator's receive, lookup-add and send
+      thc_transport_cpu_s_per_GB  per payload byte sent or received by thc's schedules (thc-ps)"""
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            c, size, rank_ms, agg_s, agg_rx = line.split()
+            rows[c] = (parse_size(size), float(rank_ms) * 1e-3, float(agg_s), int(agg_rx))
+    cc = cal["codec"]
+    out, notes = {}, []
+    for c, (size, rank_cpu, agg_s, agg_rx) in sorted(rows.items()):
+        E = size // 4
+        W = wire_elems(E)
+        codec = E * 4 / (cc["thc_encode_GBps"] * 1e9) + E * 4 / (cc["thc_decode_GBps"] * 1e9)
+        if c == "thc-agg-switch":
+            lanes = lanes_for(THC_BITS, sum_width(n), AGG_MAX_LANES, 1500 - IP_UDP - AGG_HDR)
+            chunk = CHUNK_BYTES // 4
+            pkts = sum(math.ceil(min(chunk, W - i) / lanes) for i in range(0, W, chunk))
+            if agg_rx < n * pkts:
+                raise SystemExit(f"thc_model.py: {path}: the aggregator received {agg_rx} datagrams, "
+                                 f"fewer than one call's {n * pkts}")
+            agg_cpu = agg_s / (agg_rx / (n * pkts))  # calls it served: warm-up, timed and check calls
+            out["dgram_cpu_s"] = (n * (rank_cpu - codec) + agg_cpu) / (n * pkts)
+            notes.append(f"{c} {human(size)}: ranks {rank_cpu * 1e3:.1f} ms, aggregator {agg_cpu * 1e3:.1f} ms "
+                         f"per call, {n * pkts} worker datagrams")
+        elif c == "thc-ps":
+            sent = (n - 1) / n * W * (THC_BITS / 8 + sum_width(n))
+            lookup = W / (cc["lookup_add_Glanes_s"] * 1e9)
+            out["thc_transport_cpu_s_per_GB"] = (rank_cpu - codec - lookup) / (2 * sent) * 1e9
+            notes.append(f"{c} {human(size)}: ranks {rank_cpu * 1e3:.1f} ms per call")
+    out["cpu_source"] = f"compare.sh at 1gbit ({path}): " + "; ".join(notes)
+    return out
 
 
 # ---------------------------------------------------------------- datacenter tables
@@ -693,6 +749,7 @@ def main(argv=None):
     c = sub.add_parser("calibrate-testbed", help="add the testbed's latencies and transport CPU to the calibration")
     c.add_argument("dir", help="compare.sh --rates 'none 1gbit' --min-size 256K --max-size 16M --configs 'none-ring thc-int'")
     c.add_argument("--write", help="write the calibration with the testbed section here")
+    c.add_argument("--cpu", help="CPU per call: lines 'config size rank_cpu_ms agg_cpu_s agg_rx_packets' (calibrate.sh --testbed)")
     o = sub.add_parser("one", help="one configuration, every algorithm")
     o.add_argument("--n", type=int, required=True)
     o.add_argument("--size", required=True)
@@ -707,7 +764,7 @@ def main(argv=None):
         worst = validate(cal, a.dirs, a.md)
         return 0 if worst <= 0.2 else 1
     if a.cmd == "calibrate-testbed":
-        tb = calibrate_testbed(cal, a.dir)
+        tb = calibrate_testbed(cal, a.dir, cpu_file=a.cpu)
         print(json.dumps(tb, indent=1))
         if a.write:
             cal["testbed"] = tb

@@ -55,6 +55,27 @@ check(m.wire_elems(10) == 64, "tail padded to at least 64")
 # A wire-bound float32 ring at 1 Gbit/s on the testbed: at least its bytes at line rate.
 t = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit")).run("f32-ring")["time"]
 check(t >= 6 * 16 * MB / 125e6, "testbed f32 ring not faster than its wire bytes")
+# The testbed's CPU per call (calibrate.sh --testbed lines): per worker datagram, all processes,
+# less the codec; 1 MB chunks of 262144 elements carry ceil(262144 / 1408) = 187 datagrams.
+with tempfile.TemporaryDirectory() as d:
+    cpu = os.path.join(d, "cpu.txt")
+    with open(cpu, "w") as f:
+        f.write("thc-agg-switch 128M 100 0.7 478720\nthc-ps 128M 150 0 0\n")
+    got = m.calibrate_testbed_cpu(cal, cpu)
+    cc = cal["codec"]
+    codec = 128 * MB * (1 / (cc["thc_encode_GBps"] * 1e9) + 1 / (cc["thc_decode_GBps"] * 1e9))
+    pkts = 4 * 128 * 187
+    want = (4 * (0.1 - codec) + 0.7 / (478720 / pkts)) / pkts
+    check(abs(got["dgram_cpu_s"] - want) < 1e-12, f"testbed CPU per datagram {got['dgram_cpu_s']} vs {want}")
+    sent = 3 / 4 * 32 * MB * 1.5
+    want = (0.15 - codec - 32 * MB / (cc["lookup_add_Glanes_s"] * 1e9)) / (2 * sent) * 1e9
+    check(abs(got["thc_transport_cpu_s_per_GB"] - want) < 1e-9, "testbed CPU per byte of thc's schedules")
+# On the testbed every process shares the machine's cores: a dearer datagram makes the
+# aggregator path CPU-bound and slower.
+cheap = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=1e-6).thc_agg_switch_position()
+dear = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=2e-5).thc_agg_switch_position()
+check(dear["bound"] == "cpu" and dear["time"] > 4 * 64 * 187 * 2e-5 / 2 and dear["time"] > cheap["time"],
+      f"testbed thc-agg charges the datagram CPU on the shared cores ({cheap}, {dear})")
 # Bad input is refused with a message.
 r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "model", "thc_model.py"), "one", "--n", "4",
                     "--size", "64Q", "--rate", "1gbit"], capture_output=True, text=True)
