@@ -16,9 +16,11 @@
 #                  --configs "none-ring thc-int", then thc_model.py calibrate-testbed); and the CPU
 #                  per call of thc-agg-switch and thc-ps at 128 MB and 1 Gbit/s (the ranks' and
 #                  the aggregator's user+sys, the kernel's work in their contexts): per worker
-#                  datagram and per byte of thc's schedules; the model's `testbed` scenario needs it
+#                  datagram and per byte of thc's schedules; the hop latency of thc's schedules
+#                  from the int ring's steady state (thc-int at 128M and 256M: the time difference
+#                  over 64 more chunks); the model's `testbed` scenario needs it
 #
-# What it runs (about 1-2 minutes):
+# What it runs (about 1-2 minutes; --testbed about 4 more):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
 #                            as the engine does), THC decode, the PS owner's lookup-add, the
 #                            integer ring's add, a float32 sum (the rates the model scales by cores)
@@ -189,6 +191,12 @@ if (( TESTBED )); then
     echo "$cfg 128M $rank_ms $(awk -v t="$agg_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN{print t / hz}') ${rx:-0}" >> "$TMP/cpu.txt"
   done
   cat "$TMP/cpu.txt" >&2
-  python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --cpu "$TMP/cpu.txt" --write "$OUT"
+  # The hop of thc's schedules in the steady state: the int ring at two sizes, 64 and 128 chunks.
+  echo "calibrate.sh: testbed thc-int at 128M and 256M" >&2
+  bash "$ROOT/perf/compare.sh" --out "$TMP/steady" --rates 1gbit --min-size 128M --max-size 256M --iters 3 \
+    --configs thc-int --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/steady.log" 2>&1 \
+    || { tail -30 "$TMP/steady.log" >&2; exit 1; }
+  python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --cpu "$TMP/cpu.txt" \
+    --steady "$TMP/steady" --write "$OUT"
 fi
 echo "calibrate.sh: wrote $OUT" >&2

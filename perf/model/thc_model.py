@@ -520,7 +520,7 @@ def _median(v):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None):
+def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None, steady=None):
     """What the emulated cluster adds to the per-core rates, from calls that are not validation
     points: small calls (256 KB - 1 MB, latency-bound) and an unshaped float32 ring (CPU-bound).
       alpha_ompi_s   a step of Open MPI's blocking ring: the float32 ring at 1 Gbit/s, less its wire
@@ -530,7 +530,10 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None):
                      at 16 MB is CPU-bound, its time less its steps' latency is that work spread
                      over the machine's cores
       alpha_sched_s  a hop of thc's schedules (nonblocking, ranks nap while waiting): the THC int
-                     ring at 1 Gbit/s fitted with the model (one chunk, 2(N-1) steps)"""
+                     ring at 1 Gbit/s fitted with the model, from the steady state when `steady` has
+                     thc-int at two sizes of 64 MB or more (their time difference over their chunk
+                     difference: 2(N-1) steps per chunk, per-call costs cancel), else from one-chunk
+                     calls (256 KB - 1 MB, where per-call costs the model misses count as hop)"""
     B = parse_rate(rate)
     f = Framing(1500, 14).stream(2)
     steps = 2 * (n - 1)
@@ -551,7 +554,27 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None):
     tb = {"alpha_ompi_s": alpha_ompi, "transport_cpu_s_per_GB": tcpu, "alpha_sched_s": 1e-4}
     cal2 = dict(cal)
     cal2["testbed"] = tb
+    if cpu_file:
+        tb.update(calibrate_testbed_cpu(cal, cpu_file, n))
     fits = []
+    big = [r for r in (_rows(steady, rate, "thc-int") if steady else []) if r["size"] >= (64 << 20)]
+    if steady and len(big) < 2:
+        raise SystemExit(f"thc_model.py calibrate-testbed: {steady}: thc-int at two sizes of 64 MB or more needed")
+    if big:
+        big.sort(key=lambda r: r["size"])
+        lo_r, hi_r = big[0], big[-1]
+        dt = (hi_r["time_us"] - lo_r["time_us"]) * 1e-6
+        lo, hi = 0.0, 0.1
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            t = (Model(cal2, "testbed", n, hi_r["size"], B, alpha=mid).thc("int")["time"]
+                 - Model(cal2, "testbed", n, lo_r["size"], B, alpha=mid).thc("int")["time"])
+            lo, hi = (mid, hi) if t < dt else (lo, mid)
+        tb["alpha_sched_s"] = lo
+        tb["source"] = (f"compare.sh results in {d}: none-ring at {rate} (256 KB - 1 MB) and unshaped ({human(S)}); "
+                        f"in {steady}: thc-int at {rate}, {human(lo_r['size'])} and {human(hi_r['size'])}; "
+                        f"{n} ranks, {cores} cores")
+        return tb
     for r in _rows(d, rate, "thc-int"):
         if not ((256 << 10) <= r["size"] <= (1 << 20)):
             continue
@@ -566,8 +589,6 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None):
     tb["alpha_sched_s"] = _median(fits)
     tb["source"] = (f"compare.sh results in {d}: none-ring at {rate} (256 KB - 1 MB) and unshaped ({human(S)}), "
                     f"thc-int at {rate} (256 KB - 1 MB); {n} ranks, {cores} cores")
-    if cpu_file:
-        tb.update(calibrate_testbed_cpu(cal, cpu_file, n))
     return tb
 
 
@@ -749,6 +770,8 @@ def main(argv=None):
     c = sub.add_parser("calibrate-testbed", help="add the testbed's latencies and transport CPU to the calibration")
     c.add_argument("dir", help="compare.sh --rates 'none 1gbit' --min-size 256K --max-size 16M --configs 'none-ring thc-int'")
     c.add_argument("--write", help="write the calibration with the testbed section here")
+    c.add_argument("--steady", help="compare.sh --rates 1gbit --min-size 128M --max-size 256M --configs thc-int: "
+                   "the hop of thc's schedules from the steady state")
     c.add_argument("--cpu", help="CPU per call: lines 'config size rank_cpu_ms agg_cpu_s agg_rx_packets' (calibrate.sh --testbed)")
     o = sub.add_parser("one", help="one configuration, every algorithm")
     o.add_argument("--n", type=int, required=True)
@@ -764,7 +787,7 @@ def main(argv=None):
         worst = validate(cal, a.dirs, a.md)
         return 0 if worst <= 0.2 else 1
     if a.cmd == "calibrate-testbed":
-        tb = calibrate_testbed(cal, a.dir, cpu_file=a.cpu)
+        tb = calibrate_testbed(cal, a.dir, cpu_file=a.cpu, steady=a.steady)
         print(json.dumps(tb, indent=1))
         if a.write:
             cal["testbed"] = tb
