@@ -10,15 +10,15 @@
 #   --bin-dir DIR  the build tree (default: build)
 #   --quick        shorter runs (Google Benchmark min time 0.2 s, 2 aggregator reps)
 #   --testbed      also measure what the emulated cluster adds (root: network namespaces): Open MPI's
-#                  ring step latency and the hop latency of thc's schedules from small calls at
-#                  1 Gbit/s, the transport's CPU per byte from an unshaped float32 ring
-#                  (perf/compare.sh --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10
-#                  --configs "none-ring thc-int", then thc_model.py calibrate-testbed); and the CPU
-#                  per call of thc-agg-switch and thc-ps at 128 MB and 1 Gbit/s (the ranks' and
-#                  the aggregator's user+sys, the kernel's work in their contexts): per worker
-#                  datagram and per byte of thc's schedules; the hop latency of thc's schedules
-#                  from the int ring's steady state (thc-int at 128M and 256M: the time difference
-#                  over 64 more chunks); the model's `testbed` scenario needs it
+#                  ring step latency from small calls at 1 Gbit/s and its transport's CPU per byte
+#                  from an unshaped float32 ring (perf/compare.sh --rates "none 1gbit" --min-size
+#                  256K --max-size 16M --iters 10 --configs "none-ring thc-int"); the CPU per call
+#                  of thc-agg-switch and thc-ps at 128 MB and 1 Gbit/s (the ranks' and the
+#                  aggregator's user+sys, the kernel's work in their contexts): per worker datagram
+#                  and per byte of thc's schedules; the hop latency of thc's schedules from the int
+#                  ring's steady state (thc-int at 128M and 256M: the time difference over 128 more
+#                  chunks); then thc_model.py calibrate-testbed. The model's `testbed` scenario
+#                  needs it
 #
 # What it runs (about 1-2 minutes; --testbed about 4 more):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
@@ -191,7 +191,7 @@ if (( TESTBED )); then
     echo "$cfg 128M $rank_ms $(awk -v t="$agg_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN{print t / hz}') ${rx:-0}" >> "$TMP/cpu.txt"
   done
   cat "$TMP/cpu.txt" >&2
-  # The hop of thc's schedules in the steady state: the int ring at two sizes, 64 and 128 chunks.
+  # The hop of thc's schedules in the steady state: the int ring at two sizes, 128 and 256 chunks.
   echo "calibrate.sh: testbed thc-int at 128M and 256M" >&2
   bash "$ROOT/perf/compare.sh" --out "$TMP/steady" --rates 1gbit --min-size 128M --max-size 256M --iters 3 \
     --configs thc-int --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/steady.log" 2>&1 \
