@@ -16,7 +16,7 @@
 #                  of thc-agg-switch and thc-ps at 128 MB and 1 Gbit/s (the ranks' and the
 #                  aggregator's user+sys, the kernel's work in their contexts): per worker datagram
 #                  and per byte of thc's schedules; the hop latency of thc's schedules from the int
-#                  ring's steady state (thc-int at 128M and 256M: the time difference over 128 more
+#                  ring's steady state (thc-int at 6M and 48M: the time difference over 42 more
 #                  chunks); then thc_model.py calibrate-testbed. The model's `testbed` scenario
 #                  needs it
 #
@@ -191,9 +191,10 @@ if (( TESTBED )); then
     echo "$cfg 128M $rank_ms $(awk -v t="$agg_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN{print t / hz}') ${rx:-0}" >> "$TMP/cpu.txt"
   done
   cat "$TMP/cpu.txt" >&2
-  # The hop of thc's schedules in the steady state: the int ring at two sizes, 128 and 256 chunks.
-  echo "calibrate.sh: testbed thc-int at 128M and 256M" >&2
-  bash "$ROOT/perf/compare.sh" --out "$TMP/steady" --rates 1gbit --min-size 128M --max-size 256M --iters 3 \
+  # The hop of thc's schedules in the steady state: the int ring at 6 and 48 MB (6 and 48 chunks;
+  # sizes between the validation's 4-64 MB, not equal to them; 12 and 24 MB come along).
+  echo "calibrate.sh: testbed thc-int at 6M-48M" >&2
+  bash "$ROOT/perf/compare.sh" --out "$TMP/steady" --rates 1gbit --min-size 6M --max-size 48M --iters 5 \
     --configs thc-int --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/steady.log" 2>&1 \
     || { tail -30 "$TMP/steady.log" >&2; exit 1; }
   python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --cpu "$TMP/cpu.txt" \

@@ -540,8 +540,8 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None, steady=
                      over the machine's cores
       alpha_sched_s  a hop of thc's schedules (nonblocking, ranks nap while waiting): the THC int
                      ring at 1 Gbit/s fitted with the model, from the steady state when `steady` has
-                     thc-int at two sizes of 64 MB or more (their time difference over their chunk
-                     difference: 2(N-1) steps per chunk, per-call costs cancel), else from one-chunk
+                     thc-int at two sizes of 4 MB or more (the smallest and the largest: their time
+                     difference over their chunk difference, per-call costs cancel), else from one-chunk
                      calls (256 KB - 1 MB, where per-call costs the model misses count as hop)"""
     B = parse_rate(rate)
     f = Framing(1500, 14).stream(2)
@@ -567,9 +567,9 @@ def calibrate_testbed(cal, d, n=4, rate="1gbit", cores=2, cpu_file=None, steady=
     if cpu_file:
         tb.update(calibrate_testbed_cpu(cal, cpu_file, n))
     fits = []
-    big = [r for r in (_rows(steady, rate, "thc-int") if steady else []) if r["size"] >= (64 << 20)]
+    big = [r for r in (_rows(steady, rate, "thc-int") if steady else []) if r["size"] >= (4 << 20)]
     if steady and len(big) < 2:
-        raise SystemExit(f"thc_model.py calibrate-testbed: {steady}: thc-int at two sizes of 64 MB or more needed")
+        raise SystemExit(f"thc_model.py calibrate-testbed: {steady}: thc-int at two sizes of 4 MB or more needed")
     if big:
         big.sort(key=lambda r: r["size"])
         lo_r, hi_r = big[0], big[-1]
@@ -780,7 +780,7 @@ def main(argv=None):
     c = sub.add_parser("calibrate-testbed", help="add the testbed's latencies and transport CPU to the calibration")
     c.add_argument("dir", help="compare.sh --rates 'none 1gbit' --min-size 256K --max-size 16M --configs 'none-ring thc-int'")
     c.add_argument("--write", help="write the calibration with the testbed section here")
-    c.add_argument("--steady", help="compare.sh --rates 1gbit --min-size 128M --max-size 256M --configs thc-int: "
+    c.add_argument("--steady", help="compare.sh --rates 1gbit --min-size 6M --max-size 48M --configs thc-int: "
                    "the hop of thc's schedules from the steady state")
     c.add_argument("--cpu", help="CPU per call: lines 'config size rank_cpu_ms agg_cpu_s agg_rx_packets' (calibrate.sh --testbed)")
     o = sub.add_parser("one", help="one configuration, every algorithm")
