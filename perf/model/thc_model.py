@@ -133,7 +133,9 @@ class Framing:
 SCENARIOS = {
     # The 4-host emulated cluster of perf/testbed/netns_cluster.sh: tbf on both ends of every
     # veth, Open MPI over TCP, 4 ranks + the aggregator on this machine's 2 cores.
-    "testbed": dict(testbed_measured=True, alpha=None, msg_cpu=5e-6, eager_limit=65536, mtu=1500, l2=14, ack_every=2, machine_cores=2, cores=None,
+    # hop_wait_max: a hop is a napping rank's wake-up on a loaded machine, a random delay; a wait
+    # for the last of k peers costs the mean of the largest of k exponential delays, H_k hops.
+    "testbed": dict(testbed_measured=True, alpha=None, hop_wait_max=True, msg_cpu=5e-6, eager_limit=65536, mtu=1500, l2=14, ack_every=2, machine_cores=2, cores=None,
                     codec="cpu", transport_cpu=True, mpi_ring="ompi", agg_cores=None,
                     note="4 netns hosts, tbf per link, Open MPI TCP BTL, all processes on 2 shared cores"),
     # A datacenter with RDMA-class transport (no CPU per byte moved: the NIC does it), MTU 4096,
@@ -310,7 +312,9 @@ class Model:
             net = self.net_cpu(2 * sent, thc=True) + msgs * msg
             # The allgather of a piece waits for the piece's indices from every peer.
             idx_piece = min(shard, PIECE_BYTES / w) * b / 8
-            chain = wire_chunk + self.hop(alpha, idx_piece) + self.hop(alpha, min(shard * w, PIECE_BYTES))
+            # The owner waits for every peer's indices, a rank for every owner's sums: n-1 each.
+            last_of = sum(1 / i for i in range(1, n)) if self.sc.get("hop_wait_max") else 1.0
+            chain = wire_chunk + last_of * (self.hop(alpha, idx_piece) + self.hop(alpha, min(shard * w, PIECE_BYTES)))
             wire_B = sent / Ec
         elif algo == "int":
             f = self.fr.stream(self.sc["ack_every"])

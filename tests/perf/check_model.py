@@ -76,6 +76,12 @@ cheap = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=1
 dear = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=2e-5).thc_agg_switch_position()
 check(dear["bound"] == "cpu" and dear["time"] > 4 * 64 * 187 * 2e-5 / 2 and dear["time"] > cheap["time"],
       f"testbed thc-agg charges the datagram CPU on the shared cores ({cheap}, {dear})")
+# On the testbed a PS rank waits for the last of its 3 peers in each of a chunk's two phases:
+# H_3 = 11/6 hops each instead of one (a random wake-up delay, the largest of 3).
+one = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=1e-3, hop_wait_max=False).thc("ps")
+last = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=1e-3).thc("ps")
+check(last["bound"] == "latency" and abs((last["time"] - one["time"]) - 64 * (11 / 6 - 1) * 3e-3) < 1e-3,
+      f"testbed PS waits for the last of 3 peers ({one['time']} vs {last['time']})")
 # Bad input is refused with a message.
 r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "model", "thc_model.py"), "one", "--n", "4",
                     "--size", "64Q", "--rate", "1gbit"], capture_output=True, text=True)
