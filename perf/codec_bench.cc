@@ -16,6 +16,8 @@
 //   calls:0  one Codec::encode for all blocks (one core)
 //   calls:1  one call per block with a reused codec::Workspace: what the engine does (one core)
 //   calls:2  one call per block, each allocating its own scratch (a caller without a workspace)
+// BM_LookupAdd, BM_AddInts, BM_FloatSum: the transports' reductions (the scale model's inputs,
+// perf/model/calibrate.sh), per element of the input.
 // The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
 // encode (or decode) spread over `threads` threads block by block; memcpy stays on one core.
 #include <benchmark/benchmark.h>
@@ -32,6 +34,7 @@
 #include "collectives/codec/codec.h"
 #include "collectives/codec/rht.h"
 #include "collectives/engine/host_codec.h"
+#include "transport/reducer.h"
 
 namespace {
 
@@ -209,6 +212,49 @@ void decode_bench(benchmark::State& state, const Params& params) {
   set_bytes(state);
 }
 
+// The reductions the transports run between encode and decode, per element of the input (so their
+// rates read like the codec's, bytes of float32 per second): the colocated PS owner's table lookup
+// and add of b=4 packed indices into u8 sums (transport lookup_add, once per contributor), the
+// integer ring's add of received sums (add_ints; range(0): sum bytes 1 or 2), and the float32 sum
+// of an uncompressed ring (what MPI_SUM does to a received segment).
+void BM_LookupAdd(benchmark::State& state) {
+  thc::transport::LookupTable t;
+  t.bits = 4;
+  for (int z = 0; z < 16; ++z) t.values.push_back(2 * z);
+  std::vector<uint8_t> packed(kCount / 2);
+  std::mt19937 gen(3);
+  for (auto& v : packed) v = static_cast<uint8_t>(gen());
+  std::vector<uint8_t> acc(kCount, 0);
+  for (auto _ : state) {
+    thc::transport::lookup_add(t, packed.data(), 0, kCount, thc::transport::IntType::kU8, acc.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+void BM_AddInts(benchmark::State& state) {
+  const auto type = state.range(0) == 1 ? thc::transport::IntType::kU8 : thc::transport::IntType::kU16;
+  const size_t w = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> src(kCount * w, 1), dst(kCount * w, 0);
+  for (auto _ : state) {
+    thc::transport::add_ints(type, dst.data(), src.data(), kCount);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
+void BM_FloatSum(benchmark::State& state) {
+  const auto& x = input();
+  std::vector<float> y(kCount, 1.0f);
+  for (auto _ : state) {
+    float* __restrict d = y.data();
+    const float* __restrict s = x.data();
+    for (uint64_t i = 0; i < kCount; ++i) d[i] += s[i];
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
 void BM_ThcEncode(benchmark::State& state) { encode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
 void BM_ThcEncodeThreads(benchmark::State& state) {
   encode_threads_bench(state, thc_params(static_cast<int>(state.range(0))));
@@ -269,6 +315,9 @@ void register_benchmarks() {
       ->Args({16, 0})
       ->Args({14, 0})
       ->Apply(common);
+  benchmark::RegisterBenchmark("BM_LookupAdd", BM_LookupAdd)->Apply(common);
+  benchmark::RegisterBenchmark("BM_AddInts", BM_AddInts)->ArgName("bytes")->Arg(1)->Arg(2)->Apply(common);
+  benchmark::RegisterBenchmark("BM_FloatSum", BM_FloatSum)->Apply(common);
   benchmark::RegisterBenchmark("BM_ThcEncodeThreads", BM_ThcEncodeThreads)
       ->ArgNames({"log2B", "value", "threads"})
       ->Args({14, 0, 2})
