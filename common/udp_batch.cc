@@ -59,7 +59,10 @@ void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
       for (size_t i = 0; i < static_cast<size_t>(r.rc); ++i) {
         const msghdr& h = msgs[done + i].msg_hdr;
         st_.datagrams_sent += h.msg_controllen ? h.msg_iovlen : 1;
-        if (h.msg_controllen) st_.gso_buffers++;
+        if (h.msg_controllen) {
+          st_.gso_buffers++;
+          st_.gso_datagrams += h.msg_iovlen;
+        }
       }
       done += static_cast<size_t>(r.rc);
       continue;
@@ -163,6 +166,18 @@ void UdpBatch::flush() {
   obuf_.clear();
 }
 
+size_t UdpBatch::split_gro(const uint8_t* base, size_t len, int seg, const PeerAddr* from,
+                           std::vector<Datagram>* out) {
+  if (seg <= 0 || static_cast<size_t>(seg) >= len) {
+    out->push_back(Datagram{base, len, from});
+    return 1;
+  }
+  const size_t s = static_cast<size_t>(seg);
+  size_t k = 0;
+  for (size_t off = 0; off < len; off += s, ++k) out->push_back(Datagram{base + off, std::min(s, len - off), from});
+  return k;
+}
+
 size_t UdpBatch::recv_batch(std::vector<Datagram>* out, size_t max_datagrams) {
   out->clear();
   const size_t bufsz = gro_ ? kGroBuffer : kPlainBuffer;
@@ -195,20 +210,18 @@ size_t UdpBatch::recv_batch(std::vector<Datagram>* out, size_t max_datagrams) {
     raddr_[i].len = h.msg_namelen;
     const uint8_t* base = rbuf_.data() + i * bufsz;
     const size_t len = rmsg_[i].msg_len;
-    if (h.msg_flags & MSG_TRUNC) continue;  // larger than any datagram of ours: not ours
-    size_t seg = 0;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm))
-      if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
-        int v = 0;
-        std::memcpy(&v, CMSG_DATA(cm), sizeof v);
-        seg = v > 0 ? static_cast<size_t>(v) : 0;
-      }
-    if (seg == 0 || seg >= len) {
-      out->push_back(Datagram{base, len, &raddr_[i]});
+    if (h.msg_flags & MSG_TRUNC) {  // larger than any datagram of ours: not ours
+      st_.truncated++;
       continue;
     }
-    st_.gro_buffers++;
-    for (size_t off = 0; off < len; off += seg) out->push_back(Datagram{base + off, std::min(seg, len - off), &raddr_[i]});
+    int seg = 0;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm))
+      if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) std::memcpy(&seg, CMSG_DATA(cm), sizeof seg);
+    const size_t k = split_gro(base, len, seg, &raddr_[i], out);
+    if (k > 1) {
+      st_.gro_buffers++;
+      st_.gro_datagrams += k;
+    }
   }
   st_.datagrams_received += out->size();
   return out->size();

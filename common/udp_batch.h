@@ -29,6 +29,9 @@ struct UdpBatchStats {
   uint64_t datagrams_received = 0;
   uint64_t recv_calls = 0;
   uint64_t gro_buffers = 0;     // received buffers holding more than one datagram
+  uint64_t gro_datagrams = 0;   // datagrams that came in such buffers
+  uint64_t gso_datagrams = 0;   // datagrams sent in multi-datagram GSO buffers
+  uint64_t truncated = 0;       // received messages larger than the buffer: dropped (not ours)
   int last_errno = 0;
 };
 
@@ -52,6 +55,12 @@ class UdpBatch {
     const PeerAddr* from;
   };
   size_t recv_batch(std::vector<Datagram>* out, size_t max_datagrams);
+
+  // One received buffer as the datagrams in it: segments of seg bytes (the UDP_GRO control
+  // message's value), the last one possibly shorter; seg <= 0 or >= len: one datagram (no
+  // coalescing). Appends to out; returns how many.
+  static size_t split_gro(const uint8_t* base, size_t len, int seg, const PeerAddr* from,
+                          std::vector<Datagram>* out);
 
   bool gso() const { return gso_; }
   bool gro() const { return gro_; }
