@@ -34,6 +34,10 @@ class BatchSink final : public Sink {
  public:
   explicit BatchSink(UdpBatch* io) : io_(io) {}
   void send(const PeerAddr& to, const uint8_t* data, size_t len) override { io_->queue(to, data, len); }
+  // The payload stays in the engine until the flush that follows every engine call (run()).
+  void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) override {
+    io_->queue_parts(to, head, hlen, tail, tlen);
+  }
 
  private:
   UdpBatch* io_;
