@@ -1,6 +1,7 @@
 // common/udp_batch: coalesced GRO buffers split into the datagrams as sent (a short last segment
-// included), malformed segment sizes, GSO runs, oversized datagrams counted (never lost
-// silently), and the same through thc-aggregator's server: garbage segments get a counted drop.
+// included), malformed segment sizes, GSO runs (of two-part datagrams too), oversized datagrams
+// counted (never lost silently), and the same through thc-aggregator's server: garbage segments
+// get a counted drop.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -188,6 +189,62 @@ TEST(UdpBatchLoopback, GsoRunsArriveAsQueued) {
     EXPECT_EQ(out.stats().gso_buffers, 2u);
     EXPECT_EQ(out.stats().gso_datagrams, 15u);
   }
+  EXPECT_EQ(receive(&in, sent.size()), sent);
+}
+
+// Two-part datagrams (a header copied, the payload sent in place, as the engine's results go
+// out): each arrives as header + payload; equal-size ones form a GSO run, a one-part datagram of
+// the same size does not join it, and the payload is read at flush(), not at queue time.
+TEST(UdpBatchLoopback, TwoPartDatagramsArriveJoined) {
+  Sock rx, tx;
+  UdpBatch in(rx.fd, false, true, true), out(tx.fd, false, true, true);
+  const std::vector<uint8_t> payload = pattern(1408, 7);
+  std::vector<uint8_t> late = pattern(1408, 8);
+  std::vector<std::vector<uint8_t>> sent;
+  for (int w = 0; w < 4; ++w) {
+    const std::vector<uint8_t> hdr = pattern(64, static_cast<uint8_t>(100 + w));
+    out.queue_parts(loopback(rx.port), hdr.data(), hdr.size(), payload.data(), payload.size());
+    std::vector<uint8_t> d = hdr;
+    d.insert(d.end(), payload.begin(), payload.end());
+    sent.push_back(d);
+  }
+  const std::vector<uint8_t> whole = pattern(64 + 1408, 9);
+  out.queue(loopback(rx.port), whole.data(), whole.size());
+  sent.push_back(whole);
+  const std::vector<uint8_t> hdr = pattern(64, 10);
+  out.queue_parts(loopback(rx.port), hdr.data(), hdr.size(), late.data(), late.size());
+  late[0] ^= 0xFF;  // changed before flush(): what goes out is what the tail holds then
+  std::vector<uint8_t> d = hdr;
+  d.insert(d.end(), late.begin(), late.end());
+  sent.push_back(d);
+  // No tail: a header-only datagram queued as parts.
+  out.queue_parts(loopback(rx.port), hdr.data(), hdr.size(), nullptr, 0);
+  sent.push_back(hdr);
+  out.flush();
+  EXPECT_EQ(out.stats().datagrams_sent, sent.size());
+  EXPECT_EQ(out.stats().send_errors, 0u);
+  if (out.gso()) {
+    EXPECT_EQ(out.stats().gso_buffers, 1u);   // the first four
+    EXPECT_EQ(out.stats().gso_datagrams, 4u);
+  }
+  EXPECT_EQ(receive(&in, sent.size()), sent);
+}
+
+// Without GSO every two-part datagram is its own message.
+TEST(UdpBatchLoopback, TwoPartDatagramsWithoutGso) {
+  Sock rx, tx;
+  UdpBatch in(rx.fd, false, true, true), out(tx.fd, false, false, true);
+  EXPECT_FALSE(out.gso());
+  const std::vector<uint8_t> payload = pattern(300, 11), hdr = pattern(64, 12);
+  std::vector<std::vector<uint8_t>> sent;
+  for (int i = 0; i < 3; ++i) {
+    out.queue_parts(loopback(rx.port), hdr.data(), hdr.size(), payload.data(), payload.size());
+    std::vector<uint8_t> d = hdr;
+    d.insert(d.end(), payload.begin(), payload.end());
+    sent.push_back(d);
+  }
+  out.flush();
+  EXPECT_EQ(out.stats().gso_buffers, 0u);
   EXPECT_EQ(receive(&in, sent.size()), sent);
 }
 
