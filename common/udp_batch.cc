@@ -49,7 +49,13 @@ void UdpBatch::queue(const PeerAddr& to, const uint8_t* data, size_t len) {
   out_.push_back(Out{connected_ ? PeerAddr{} : to, off, len});
 }
 
-void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
+void UdpBatch::queue_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) {
+  const size_t off = obuf_.size();
+  obuf_.insert(obuf_.end(), head, head + hlen);
+  out_.push_back(Out{connected_ ? PeerAddr{} : to, off, hlen, tlen ? tail : nullptr, tlen});
+}
+
+void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, const std::vector<MsgDgrams>& meta, size_t count) {
   size_t done = 0;
   while (done < count) {
     const sys::SysResult r =
@@ -57,9 +63,12 @@ void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
     st_.send_calls++;
     if (r.ok() && r.rc > 0) {
       for (size_t i = 0; i < static_cast<size_t>(r.rc); ++i) {
-        const msghdr& h = msgs[done + i].msg_hdr;
-        st_.datagrams_sent += h.msg_controllen ? h.msg_iovlen : 1;
-        if (h.msg_controllen) st_.gso_buffers++;
+        const size_t nd = meta[done + i].datagrams;
+        st_.datagrams_sent += nd;
+        if (nd > 1) {
+          st_.gso_buffers++;
+          st_.gso_datagrams += nd;
+        }
       }
       done += static_cast<size_t>(r.rc);
       continue;
@@ -68,15 +77,18 @@ void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
     // offload; EINVAL) is resent datagram by datagram and GSO is given up; anything else (full
     // buffer, an unreachable peer) loses it, as UDP does.
     msghdr& h = msgs[done].msg_hdr;
+    const MsgDgrams& md = meta[done];
     st_.last_errno = r.err;
-    if (h.msg_controllen && (r.err == EIO || r.err == EINVAL || r.err == EMSGSIZE)) {
+    if (md.datagrams > 1 && (r.err == EIO || r.err == EINVAL || r.err == EMSGSIZE)) {
       gso_ = false;
-      for (size_t i = 0; i < h.msg_iovlen; ++i) {
+      // A datagram is one iovec, or two (queue_parts); the datagrams of a GSO run have equal size.
+      const size_t per = h.msg_iovlen / md.datagrams;
+      for (size_t i = 0; i < md.datagrams; ++i) {
         msghdr one{};
         one.msg_name = h.msg_name;
         one.msg_namelen = h.msg_namelen;
-        one.msg_iov = &h.msg_iov[i];
-        one.msg_iovlen = 1;
+        one.msg_iov = &h.msg_iov[i * per];
+        one.msg_iovlen = per;
         const sys::SysResult r1 = THC_SYS(::sendmsg(fd_, &one, MSG_DONTWAIT));
         st_.send_calls++;
         if (r1.ok()) {
@@ -87,7 +99,7 @@ void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
         }
       }
     } else {
-      st_.send_errors += h.msg_controllen ? h.msg_iovlen : 1;
+      st_.send_errors += md.datagrams;
     }
     ++done;
   }
@@ -96,12 +108,13 @@ void UdpBatch::send_messages(std::vector<mmsghdr>& msgs, size_t count) {
 void UdpBatch::flush() {
   if (out_.empty()) return;
   // Group by destination (stable): few destinations per flush (the workers of a job).
-  std::vector<size_t> order;
-  order.reserve(out_.size());
+  std::vector<size_t>& order = order_;
+  order.clear();
   if (connected_) {
     for (size_t i = 0; i < out_.size(); ++i) order.push_back(i);
   } else {
-    std::vector<char> taken(out_.size(), 0);
+    std::vector<char>& taken = taken_;
+    taken.assign(out_.size(), 0);
     for (size_t i = 0; i < out_.size(); ++i) {
       if (taken[i]) continue;
       for (size_t k = i; k < out_.size(); ++k)
@@ -111,34 +124,44 @@ void UdpBatch::flush() {
         }
     }
   }
-  std::vector<iovec> iov(order.size());
+  // Reserved up front: messages point into it.
+  std::vector<iovec>& iov = iov_;
+  iov.clear();
+  iov.reserve(2 * order.size());
   std::vector<mmsghdr> msgs;
+  std::vector<MsgDgrams> meta;
   msgs.reserve(kMaxMsgs);
+  meta.reserve(kMaxMsgs);
   const size_t cspace = CMSG_SPACE(sizeof(uint16_t));
   std::vector<uint8_t> ctl(kMaxMsgs * cspace, 0);
   size_t i = 0;
   while (i < order.size()) {
     const Out& first = out_[order[i]];
-    // A run: same destination, same size, within the GSO limits.
+    // A run: same destination, same size (a GSO buffer's segments are equal but the last),
+    // one or two parts alike, within the GSO limits.
     size_t n = 1;
     if (gso_) {
-      while (i + n < order.size() && n < kMaxSegments && (n + 1) * first.len <= kMaxGsoBytes) {
+      while (i + n < order.size() && n < kMaxSegments && (n + 1) * first.size() <= kMaxGsoBytes) {
         const Out& o = out_[order[i + n]];
-        if (o.len != first.len || !(connected_ || o.to == first.to)) break;
+        if (o.size() != first.size() || (o.tail != nullptr) != (first.tail != nullptr) ||
+            !(connected_ || o.to == first.to))
+          break;
         ++n;
       }
     }
+    const size_t first_iov = iov.size();
     for (size_t k = 0; k < n; ++k) {
       const Out& o = out_[order[i + k]];
-      iov[i + k] = iovec{obuf_.data() + o.off, o.len};
+      iov.push_back(iovec{obuf_.data() + o.off, o.len});
+      if (o.tail) iov.push_back(iovec{const_cast<uint8_t*>(o.tail), o.tlen});
     }
     mmsghdr m{};
     if (!connected_) {
       m.msg_hdr.msg_name = const_cast<sockaddr_storage*>(&first.to.ss);
       m.msg_hdr.msg_namelen = first.to.len;
     }
-    m.msg_hdr.msg_iov = &iov[i];
-    m.msg_hdr.msg_iovlen = n;
+    m.msg_hdr.msg_iov = &iov[first_iov];
+    m.msg_hdr.msg_iovlen = iov.size() - first_iov;
     if (n > 1) {
       uint8_t* c = ctl.data() + msgs.size() * cspace;
       std::memset(c, 0, cspace);
@@ -148,19 +171,33 @@ void UdpBatch::flush() {
       cm->cmsg_level = SOL_UDP;
       cm->cmsg_type = UDP_SEGMENT;
       cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-      const uint16_t seg = static_cast<uint16_t>(first.len);
+      const uint16_t seg = static_cast<uint16_t>(first.size());
       std::memcpy(CMSG_DATA(cm), &seg, sizeof seg);
     }
     msgs.push_back(m);
+    meta.push_back(MsgDgrams{n});
     i += n;
     if (msgs.size() == kMaxMsgs) {
-      send_messages(msgs, msgs.size());
+      send_messages(msgs, meta, msgs.size());
       msgs.clear();
+      meta.clear();
     }
   }
-  if (!msgs.empty()) send_messages(msgs, msgs.size());
+  if (!msgs.empty()) send_messages(msgs, meta, msgs.size());
   out_.clear();
   obuf_.clear();
+}
+
+size_t UdpBatch::split_gro(const uint8_t* base, size_t len, int seg, const PeerAddr* from,
+                           std::vector<Datagram>* out) {
+  if (seg <= 0 || static_cast<size_t>(seg) >= len) {
+    out->push_back(Datagram{base, len, from});
+    return 1;
+  }
+  const size_t s = static_cast<size_t>(seg);
+  size_t k = 0;
+  for (size_t off = 0; off < len; off += s, ++k) out->push_back(Datagram{base + off, std::min(s, len - off), from});
+  return k;
 }
 
 size_t UdpBatch::recv_batch(std::vector<Datagram>* out, size_t max_datagrams) {
@@ -195,20 +232,18 @@ size_t UdpBatch::recv_batch(std::vector<Datagram>* out, size_t max_datagrams) {
     raddr_[i].len = h.msg_namelen;
     const uint8_t* base = rbuf_.data() + i * bufsz;
     const size_t len = rmsg_[i].msg_len;
-    if (h.msg_flags & MSG_TRUNC) continue;  // larger than any datagram of ours: not ours
-    size_t seg = 0;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm))
-      if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
-        int v = 0;
-        std::memcpy(&v, CMSG_DATA(cm), sizeof v);
-        seg = v > 0 ? static_cast<size_t>(v) : 0;
-      }
-    if (seg == 0 || seg >= len) {
-      out->push_back(Datagram{base, len, &raddr_[i]});
+    if (h.msg_flags & MSG_TRUNC) {  // larger than any datagram of ours: not ours
+      st_.truncated++;
       continue;
     }
-    st_.gro_buffers++;
-    for (size_t off = 0; off < len; off += seg) out->push_back(Datagram{base + off, std::min(seg, len - off), &raddr_[i]});
+    int seg = 0;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm))
+      if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) std::memcpy(&seg, CMSG_DATA(cm), sizeof seg);
+    const size_t k = split_gro(base, len, seg, &raddr_[i], out);
+    if (k > 1) {
+      st_.gro_buffers++;
+      st_.gro_datagrams += k;
+    }
   }
   st_.datagrams_received += out->size();
   return out->size();

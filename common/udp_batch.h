@@ -12,6 +12,7 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,9 @@ struct UdpBatchStats {
   uint64_t datagrams_received = 0;
   uint64_t recv_calls = 0;
   uint64_t gro_buffers = 0;     // received buffers holding more than one datagram
+  uint64_t gro_datagrams = 0;   // datagrams that came in such buffers
+  uint64_t gso_datagrams = 0;   // datagrams sent in multi-datagram GSO buffers
+  uint64_t truncated = 0;       // received messages larger than the buffer: dropped (not ours)
   int last_errno = 0;
 };
 
@@ -40,6 +44,9 @@ class UdpBatch {
 
   // Queue one datagram (to is ignored on a connected socket).
   void queue(const PeerAddr& to, const uint8_t* data, size_t len);
+  // Queue one datagram of two parts: head is copied, tail is sent from where it is and must stay
+  // valid and unchanged until flush() (the engine's results: one payload for every recipient).
+  void queue_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen);
   size_t queued() const { return out_.size(); }
   // Send everything queued. Errors (EAGAIN, ECONNREFUSED, ...) lose datagrams, as UDP does.
   void flush();
@@ -53,6 +60,12 @@ class UdpBatch {
   };
   size_t recv_batch(std::vector<Datagram>* out, size_t max_datagrams);
 
+  // One received buffer as the datagrams in it: segments of seg bytes (the UDP_GRO control
+  // message's value), the last one possibly shorter; seg <= 0 or >= len: one datagram (no
+  // coalescing). Appends to out; returns how many.
+  static size_t split_gro(const uint8_t* base, size_t len, int seg, const PeerAddr* from,
+                          std::vector<Datagram>* out);
+
   bool gso() const { return gso_; }
   bool gro() const { return gro_; }
   const UdpBatchStats& stats() const { return st_; }
@@ -60,9 +73,16 @@ class UdpBatch {
  private:
   struct Out {
     PeerAddr to;
-    size_t off, len;
+    size_t off, len;                // the copied part in obuf_
+    const uint8_t* tail = nullptr;  // queue_parts: the part sent in place
+    size_t tlen = 0;
+    size_t size() const { return len + tlen; }
   };
-  void send_messages(std::vector<mmsghdr>& msgs, size_t count);
+  // Per message: how many datagrams it carries (one, or a GSO run).
+  struct MsgDgrams {
+    size_t datagrams;
+  };
+  void send_messages(std::vector<mmsghdr>& msgs, const std::vector<MsgDgrams>& meta, size_t count);
 
   int fd_;
   bool connected_;
@@ -71,6 +91,9 @@ class UdpBatch {
   std::vector<uint8_t> obuf_;  // queued bytes, grouped per destination at flush
   std::vector<Out> out_;
   std::vector<uint8_t> gbuf_;  // GSO staging
+  std::vector<size_t> order_;  // flush() scratch
+  std::vector<char> taken_;
+  std::vector<iovec> iov_;
   std::vector<uint8_t> rbuf_;  // receive buffers
   std::vector<PeerAddr> raddr_;
   std::vector<mmsghdr> rmsg_;

@@ -82,7 +82,13 @@ struct Row {
   double seconds = 0, cpu = 0, user = 0, kernel = 0;
   uint64_t up_pkts = 0, all_pkts = 0, lanes = 0, retrans = 0;
   int lanes_per_packet = 0;
+  thc::UdpBatchStats io;  // the server's sockets, warm-up included
 };
+
+struct ServerIo {
+  bool gso = true, gro = true;
+};
+ServerIo g_server_io;
 
 Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int reps, int lanes, int mtu) {
   namespace auth = thc::switch_offload::auth;
@@ -93,6 +99,8 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
   so.seed = 1;
   so.mtu = mtu;
   so.keys = std::make_shared<auth::KeyRing>(std::vector<auth::Key>{key});
+  so.gso = g_server_io.gso;
+  so.gro = g_server_io.gro;
   UdpServer server(so);
   server.start();
   const int total = jobs * workers;
@@ -148,6 +156,7 @@ Row run(const Encoding& enc, int threads, int jobs, int workers, uint64_t n, int
   server.cpu_split(&user1, &kernel1);
   server.stop();
   Row row;
+  row.io = server.io_stats();
   row.cpu = cpu1 - cpu0;
   row.user = user1 - user0;
   row.kernel = kernel1 - kernel0;
@@ -420,6 +429,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--replay-threads", replay_threads, "engine replay: thread counts (one engine and job each)")
       ->delimiter(',');
+  app.add_flag("--server-no-gro", [](int64_t) { g_server_io.gro = false; },
+               "the server's sockets without UDP_GRO (one datagram per receive message)");
+  app.add_flag("--server-no-gso", [](int64_t) { g_server_io.gso = false; },
+               "the server's replies without UDP_SEGMENT (one datagram per send message)");
   app.add_flag("--no-udp", no_udp, "skip the loopback UDP table");
   app.add_flag("--no-replay", no_replay, "skip the engine replay table");
   CLI11_PARSE(app, argc, argv);
@@ -459,9 +472,13 @@ int main(int argc, char** argv) {
               "(workers share them with the aggregator); per core = per aggregator CPU-second; ns per upstream "
               "datagram of aggregator CPU, kernel and user\n",
               proto::kHeaderBytes, static_cast<unsigned long long>(n), reps, mtu, std::thread::hardware_concurrency());
-  std::printf("%-24s %6s %6s %6s %4s %4s %7s %10s %10s %14s %11s %11s %12s %7s %7s %7s %8s\n", "encoding", "lanes",
-              "up_B", "down_B", "thr", "jobs", "workers", "Melem/s", "Mlanes/s", "Mlanes/cpu-s", "up_kdgm/s",
-              "all_kdgm/s", "kdgm/cpu-s", "ns/dgm", "kern_ns", "user_ns", "retrans");
+  std::printf("# server I/O (warm-up included): rx_dgm/call = datagrams per recvmmsg (empty polls included), "
+              "rx_gro = share of datagrams that came in coalesced GRO buffers, tx_dgm/call = datagrams per "
+              "sendmmsg, tx_gso = share sent in GSO buffers\n");
+  std::printf("%-24s %6s %6s %6s %4s %4s %7s %10s %10s %14s %11s %11s %12s %7s %7s %7s %8s %11s %7s %11s %7s\n",
+              "encoding", "lanes", "up_B", "down_B", "thr", "jobs", "workers", "Melem/s", "Mlanes/s", "Mlanes/cpu-s",
+              "up_kdgm/s", "all_kdgm/s", "kdgm/cpu-s", "ns/dgm", "kern_ns", "user_ns", "retrans", "rx_dgm/call",
+              "rx_gro", "tx_dgm/call", "tx_gso");
   for (const Encoding& e : kEncodings) {
     if (std::find(encodings.begin(), encodings.end(), e.key) == encodings.end()) continue;
     for (int l : lanes) {
@@ -476,11 +493,15 @@ int main(int argc, char** argv) {
           const double up_d = static_cast<double>(std::max<uint64_t>(r.up_pkts, 1));
           // The /proc split has clock-tick resolution; scale it to the precise CPU total.
           const double split = r.user + r.kernel > 0 ? r.cpu / (r.user + r.kernel) : 0;
-          std::printf("%-24s %6d %6zu %6zu %4d %4d %7d %10.2f %10.2f %14.2f %11.1f %11.1f %12.1f %7.0f %7.0f %7.0f %8llu\n",
+          auto ratio = [](uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+          std::printf("%-24s %6d %6zu %6zu %4d %4d %7d %10.2f %10.2f %14.2f %11.1f %11.1f %12.1f %7.0f %7.0f %7.0f %8llu "
+                      "%11.2f %7.2f %11.2f %7.2f\n",
                       e.name, lpp, up, down, t, j, workers, elems / r.seconds / 1e6, r.lanes / r.seconds / 1e6,
                       r.cpu > 0 ? r.lanes / r.cpu / 1e6 : 0.0, r.up_pkts / r.seconds / 1e3, r.all_pkts / r.seconds / 1e3,
                       r.cpu > 0 ? up_d / r.cpu / 1e3 : 0.0, r.cpu / up_d * 1e9, r.kernel * split / up_d * 1e9,
-                      r.user * split / up_d * 1e9, static_cast<unsigned long long>(r.retrans));
+                      r.user * split / up_d * 1e9, static_cast<unsigned long long>(r.retrans),
+                      ratio(r.io.datagrams_received, r.io.recv_calls), ratio(r.io.gro_datagrams, r.io.datagrams_received),
+                      ratio(r.io.datagrams_sent, r.io.send_calls), ratio(r.io.gso_datagrams, r.io.datagrams_sent));
           std::fflush(stdout);
         }
       }

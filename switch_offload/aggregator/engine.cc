@@ -268,6 +268,13 @@ Engine::Job* Engine::find(uint64_t id, uint16_t shard) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+void Sink::send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) {
+  joined_.resize(hlen + tlen);
+  std::memcpy(joined_.data(), head, hlen);
+  if (tlen) std::memcpy(joined_.data() + hlen, tail, tlen);
+  send(to, joined_.data(), joined_.size());
+}
+
 void Engine::send_packet(const PeerAddr& to, uint8_t* p, size_t n, const auth::TagKey* key, Sink& out) {
   if (key) auth::sign(*key, p, n);
   stats_->tx_packets.add();
@@ -371,14 +378,17 @@ void Engine::flush_results(Sink& out) {
     pend_hash_[k] = pend_hash_[res];
   }
   auth::tags_from_hashes(pend_keys_.data(), pend_ptrs_.data(), pend_hash_.data(), nh, pend_tags_.data());
-  uint8_t* p = buf_.data();
   for (size_t i = 0; i < nr; ++i) {
     const PendingResult& pr = pend_[i];
-    std::memcpy(p + proto::kHeaderBytes, pend_pay_.data() + pr.pay_off, pr.plen);
+    // Every recipient's header, then the one payload: pend_pay_ is not touched again before the
+    // next call into the engine (clear() keeps the bytes), which is what send_parts promises.
+    const uint8_t* pay = pend_pay_.data() + pr.pay_off;
     for (size_t k = pr.first; k < pr.first + pr.count; ++k) {
-      std::memcpy(p, pend_ptrs_[k], proto::kTagOffset);
-      proto::store_be64(p + proto::kTagOffset, pend_tags_[k]);
-      send_packet(pend_rcpt_[k].to, p, proto::kHeaderBytes + pr.plen, nullptr, out);
+      uint8_t* hdr = pend_hdr_.data() + k * proto::kHeaderBytes;
+      proto::store_be64(hdr + proto::kTagOffset, pend_tags_[k]);
+      stats_->tx_packets.add();
+      stats_->tx_bytes.add(proto::kHeaderBytes + pr.plen);
+      out.send_parts(pend_rcpt_[k].to, hdr, proto::kHeaderBytes, pay, pr.plen);
       stats_->results_sent.add();
       if (pend_rcpt_[k].resend) stats_->result_resends.add();
     }

@@ -148,6 +148,14 @@ class Sink {
  public:
   virtual ~Sink() = default;
   virtual void send(const PeerAddr& to, const uint8_t* data, size_t len) = 0;
+  // One datagram in two parts, head then tail: a batch's results, one payload for every
+  // recipient. The tail stays valid and unchanged until the engine is next called, so a sink
+  // that sends before that may point at it instead of copying it (the UDP server's GSO queue);
+  // the head is valid only during the call. By default the parts are joined and sent.
+  virtual void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen);
+
+ private:
+  std::vector<uint8_t> joined_;
 };
 
 // What handle() made of a datagram (the DPDK server learns link-layer addresses by it).

@@ -155,6 +155,16 @@ int main(int argc, char** argv) {
         server.stop();
         std::printf("%s stopping on %s; final stats: %s\n", line_prefix().c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM",
                     stats_line(server.stats()).c_str());
+        // How much the offloads coalesced on this path (a veth or bridge may segment GSO buffers,
+        // GRO needs the receiving device's NAPI).
+        const thc::UdpBatchStats io = server.io_stats();
+        std::printf("%s socket I/O: %llu datagrams in over %llu recvmmsg calls, %llu in %llu GRO buffers; %llu out "
+                    "over %llu sendmmsg calls, %llu in %llu GSO buffers\n",
+                    line_prefix().c_str(), static_cast<unsigned long long>(io.datagrams_received),
+                    static_cast<unsigned long long>(io.recv_calls), static_cast<unsigned long long>(io.gro_datagrams),
+                    static_cast<unsigned long long>(io.gro_buffers), static_cast<unsigned long long>(io.datagrams_sent),
+                    static_cast<unsigned long long>(io.send_calls), static_cast<unsigned long long>(io.gso_datagrams),
+                    static_cast<unsigned long long>(io.gso_buffers));
         std::fflush(stdout);
         return 0;
       }

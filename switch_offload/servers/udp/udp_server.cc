@@ -34,6 +34,10 @@ class BatchSink final : public Sink {
  public:
   explicit BatchSink(UdpBatch* io) : io_(io) {}
   void send(const PeerAddr& to, const uint8_t* data, size_t len) override { io_->queue(to, data, len); }
+  // The payload stays in the engine until the flush that follows every engine call (run()).
+  void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) override {
+    io_->queue_parts(to, head, hlen, tail, tlen);
+  }
 
  private:
   UdpBatch* io_;
@@ -170,6 +174,24 @@ UdpServer::~UdpServer() {
 bool UdpServer::gso() const { return shards_[0]->io->gso(); }
 bool UdpServer::gro() const { return shards_[0]->io->gro(); }
 
+UdpBatchStats UdpServer::io_stats() const {
+  UdpBatchStats t;
+  for (const auto& s : shards_) {
+    const UdpBatchStats& x = s->io->stats();
+    t.datagrams_sent += x.datagrams_sent;
+    t.send_calls += x.send_calls;
+    t.gso_buffers += x.gso_buffers;
+    t.send_errors += x.send_errors;
+    t.datagrams_received += x.datagrams_received;
+    t.recv_calls += x.recv_calls;
+    t.gro_buffers += x.gro_buffers;
+    t.gro_datagrams += x.gro_datagrams;
+    t.truncated += x.truncated;
+    t.gso_datagrams += x.gso_datagrams;
+  }
+  return t;
+}
+
 std::string UdpServer::address() const {
   const bool v6 = opt_.bind.find(':') != std::string::npos;
   return "udp://" + (v6 ? "[" + opt_.bind + "]" : opt_.bind) + ":" + std::to_string(port_);
@@ -251,7 +273,7 @@ void UdpServer::run(Shard* s) {
   Sink& sink = s->tx_fault.active() ? static_cast<Sink&>(faulty) : static_cast<Sink&>(plain);
   Engine& eng = *s->engine;
   uint64_t next_tick = mono_us();
-  uint64_t tx_errors_seen = 0;
+  uint64_t tx_errors_seen = 0, truncated_seen = 0;
 
   auto sync_fault_drops = [&] {
     const uint64_t have = s->stats.drops[static_cast<int>(Drop::kFault)].get();
@@ -271,6 +293,11 @@ void UdpServer::run(Shard* s) {
     if (io.stats().send_errors > tx_errors_seen) {
       s->stats.tx_errors.add(io.stats().send_errors - tx_errors_seen);
       tx_errors_seen = io.stats().send_errors;
+    }
+    // Datagrams larger than a receive buffer (none of ours is): counted, not lost silently.
+    if (io.stats().truncated > truncated_seen) {
+      s->stats.drops[static_cast<int>(Drop::kBadLength)].add(io.stats().truncated - truncated_seen);
+      truncated_seen = io.stats().truncated;
     }
   };
 

@@ -21,6 +21,7 @@
 
 #include "switch_offload/aggregator/engine.h"
 #include "common/fault.h"
+#include "common/udp_batch.h"
 
 namespace thc::switch_offload {
 
@@ -61,6 +62,9 @@ class UdpServer {
   // Whether replies go out as GSO buffers / arrive through GRO (thread 0's socket).
   bool gso() const;
   bool gro() const;
+  // The sockets' batching counters (sum over threads): datagrams per system call, GSO buffers
+  // sent, GRO buffers received. Read it after stop(): the threads update it unlocked.
+  UdpBatchStats io_stats() const;
   void start();
   void stop();  // idempotent; joins the threads
   // Server-wide counters (sum over threads), in stats_names() order.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -1282,6 +1283,14 @@ std::unique_ptr<Request> UdpReducer::start_lookup_sum(const uint8_t* packed, uin
 
 namespace {
 
+// An on/off environment switch, on when unset.
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  fail(Status::kInvalidArgument, std::string(name) + "='" + v + "': expected 0 or 1");
+}
+
 class UdpChannel final : public DatagramChannel {
  public:
   explicit UdpChannel(const std::string& address) {
@@ -1295,7 +1304,16 @@ class UdpChannel final : public DatagramChannel {
       ::close(fd_);
       r.fail(Status::kTransport);
     }
-    io_ = std::make_unique<UdpBatch>(fd_, true);
+    // THC_AGG_UDP_GSO=0 / THC_AGG_UDP_GRO=0 turn the offloads off (a path that mishandles them);
+    // where the kernel refuses them the channel sends and receives one datagram per message.
+    const bool want_gso = env_switch("THC_AGG_UDP_GSO"), want_gro = env_switch("THC_AGG_UDP_GRO");
+    io_ = std::make_unique<UdpBatch>(fd_, true, want_gso, want_gro);
+    if ((want_gso && !io_->gso()) || (want_gro && !io_->gro())) {
+      if (const char* d = std::getenv("THC_DEBUG"); d && *d && std::strcmp(d, "0") != 0)
+        std::fprintf(stderr, "thc: udp client to %s: the kernel refused%s%s; one datagram per message\n",
+                     agg_.str().c_str(), want_gso && !io_->gso() ? " UDP_SEGMENT (GSO)" : "",
+                     want_gro && !io_->gro() ? " UDP_GRO" : "");
+    }
     // The path MTU the kernel knows for this destination (the route's or the interface's).
     int mtu = 0;
     socklen_t len = sizeof mtu;
