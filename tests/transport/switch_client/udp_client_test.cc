@@ -152,9 +152,11 @@ TEST(UdpClient, FourThreadsLosslessMatchExactSums) {
     EXPECT_EQ(out[r], want) << "rank " << r;
     EXPECT_EQ(seeds[r], seeds[0]) << "shared seed differs";
   }
-  // Nothing is dropped but the first JOIN of each worker (answered with the cookie challenge).
+  // Nothing is dropped but the JOINs without a cookie (answered with the cookie challenge): one
+  // per worker, more where a worker's JOIN timer fired before the challenge came back (a loaded
+  // machine), each of them answered with a challenge too; never a data packet.
   EXPECT_EQ(agg.stat("drops_total"), agg.stat("drop_cookie"));
-  EXPECT_EQ(agg.stat("drop_cookie"), static_cast<uint64_t>(kWorld));
+  EXPECT_GE(agg.stat("drop_cookie"), static_cast<uint64_t>(kWorld));
   EXPECT_EQ(agg.stat("partial_completions"), 0u);
 }
 
