@@ -32,47 +32,17 @@
 #include <string>
 #include <vector>
 
+#include "perf/nonblocking/nb_perf_util.h"
 #include "thc/thc_mpi.h"
 
 namespace {
 
-int g_rank = 0, g_size = 1;
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "thc_fusion_perf[%d]: %s\n", g_rank, msg.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 2);
-  std::exit(2);
-}
-
-bool parse_size(const std::string& s, uint64_t* out) {
-  size_t i = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
-  if (i == 0) return false;
-  uint64_t v = std::stoull(s.substr(0, i)), mul = 1;
-  const std::string suf = s.substr(i);
-  if (suf == "K" || suf == "k") mul = 1ull << 10;
-  else if (suf == "M" || suf == "m") mul = 1ull << 20;
-  else if (suf == "G" || suf == "g") mul = 1ull << 30;
-  else if (!suf.empty() && suf != "B") return false;
-  *out = v * mul;
-  return true;
-}
-
-double slowest(double t) {
-  double m = 0;
-  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
+using namespace thc_nb_perf;
 
 double cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 void check(thc_status_t st, const char* what) {
@@ -96,6 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("-w,--warmup", warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  g_tool = "thc_fusion_perf";
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   try {

@@ -11,9 +11,15 @@
 
 #include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/wire.h"
-#include "hwy/targets.h"
+#include "tests/hwy_targets.h"
 
 namespace {
+
+// Every Highway target this CPU runs (tests/hwy_targets.h).
+template <class F>
+void for_each_target(F f) {
+  thc::test::for_each_hwy_target(f, nullptr);
+}
 
 using namespace thc::switch_offload;
 
@@ -21,18 +27,6 @@ uint32_t reg(const std::vector<uint8_t>& r, int w, int i) {
   uint32_t v = 0;
   std::memcpy(&v, r.data() + static_cast<size_t>(i) * w, static_cast<size_t>(w));  // little-endian hosts
   return v;
-}
-
-template <class F>
-void for_each_target(F f) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    hwy::SetSupportedTargetsForTest(t);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(t));
-    f();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(AggregatorLanes, LookupMatchesTheModelForEveryWidth) {

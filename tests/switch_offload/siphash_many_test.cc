@@ -13,9 +13,15 @@
 #include "switch_offload/protocol/auth.h"
 #include "switch_offload/protocol/siphash_many.h"
 #include "switch_offload/protocol/wire.h"
-#include "hwy/targets.h"
+#include "tests/hwy_targets.h"
 
 namespace {
+
+// Every Highway target this CPU runs (tests/hwy_targets.h).
+template <class F>
+void for_each_target(F f) {
+  thc::test::for_each_hwy_target(f, thc::switch_offload::auth::siphash_target);
+}
 
 using namespace thc::switch_offload;
 
@@ -37,19 +43,6 @@ TEST(SipHashMany, ScalarMatchesLibsodiumForEveryLength) {
     for (auto& k : key) k = static_cast<uint8_t>(rng());
     EXPECT_EQ(auth::siphash24_scalar(key, buf.data() + 3, len), sodium_sip(key, buf.data() + 3, len)) << len;
   }
-}
-
-// Runs f once per compiled and supported target (best first), then restores normal dispatch.
-template <class F>
-void for_each_target(F f) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    hwy::SetSupportedTargetsForTest(t);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(t) + " dispatches to " + auth::siphash_target());
-    f();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(SipHashMany, BatchesMatchLibsodium) {

@@ -20,22 +20,15 @@
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
 #include "collectives/codec/rht.h"
-#include "hwy/targets.h"
+#include "tests/hwy_targets.h"
 
 namespace thc::codec {
 namespace {
 
-// Runs f once per compiled and supported target (best first), then restores normal dispatch.
+// Every Highway target this CPU runs (tests/hwy_targets.h).
 template <class F>
 void for_each_target(F f) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t t : targets) {
-    hwy::SetSupportedTargetsForTest(t);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(t) + " dispatches to " + kern::kernel_target());
-    f();
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  thc::test::for_each_hwy_target(f, kern::kernel_target);
 }
 
 bool same_bits(const void* a, const void* b, size_t bytes) { return bytes == 0 || std::memcmp(a, b, bytes) == 0; }
