@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
@@ -15,6 +17,7 @@
 namespace thc_nb_perf {
 
 inline int g_rank = 0, g_size = 1;
+inline int g_provided = 0;  // the thread level MPI gave
 inline const char* g_tool = "thc_nb_perf";
 
 [[noreturn]] inline void die(const std::string& msg) {
@@ -47,6 +50,23 @@ inline double slowest(double t) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// MPI with MPI_THREAD_MULTIPLE (the progress thread may use MPI), this rank and the world, then
+// the command line; -1 to go on, else the exit status (help or a bad option; MPI finalized).
+inline int init(CLI::App& app, int& argc, char**& argv, const char* tool) {
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &g_provided);
+  g_tool = tool;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = g_rank == 0 ? app.exit(e) : e.get_exit_code();
+    MPI_Finalize();
+    return rc;
+  }
+  return -1;
 }
 
 }  // namespace thc_nb_perf

@@ -64,18 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes_s, "comma-separated modes to time (one first: the ratios' reference)");
   app.add_option("-n,--reps", reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   app.add_option("-w,--warmup", warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
-  int provided = MPI_THREAD_SINGLE;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  g_tool = "thc_fusion_perf";
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = g_rank == 0 ? app.exit(e) : e.get_exit_code();
-    MPI_Finalize();
-    return rc;
-  }
+  if (const int rc = init(app, argc, argv, "thc_fusion_perf"); rc >= 0) return rc;
   uint64_t lo = 0, hi = 0;
   if (!parse_size(min_s, &lo) || !parse_size(max_s, &hi) || lo < 4 || hi < lo) die("bad --min / --max");
   thc_scheme_t scheme = THC_SCHEME_THC;
@@ -189,7 +178,7 @@ int main(int argc, char** argv) {
                 "%.1f MB; THC_FUSION_BYTES %ld, THC_FUSION_CYCLE_MS %g; MPI thread level %s\n",
                 g_size, scheme_s.c_str(), ntensors, min_s.c_str(), max_s.c_str(), static_cast<unsigned long long>(seed),
                 total * 4 / 1e6, cfg.fusion_bytes, cfg.fusion_cycle_ms,
-                provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (calls run inline)");
+                g_provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (calls run inline)");
     // ratio_to_one: the median over repetitions of this mode's time over `one`'s in the same
     // repetition (measured back to back, so that the machine's load drifts out of the ratio).
     std::printf("# %-8s  %10s  %10s  %10s  %12s  %12s\n", "mode", "median_ms", "min_ms", "max_ms", "ratio_to_one",

@@ -87,18 +87,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "sleep"}));
   app.add_option("-n,--reps", reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   app.add_option("-w,--warmup", warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
-  int provided = MPI_THREAD_SINGLE;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  g_tool = "thc_overlap_perf";
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = g_rank == 0 ? app.exit(e) : e.get_exit_code();
-    MPI_Finalize();
-    return rc;
-  }
+  if (const int rc = init(app, argc, argv, "thc_overlap_perf"); rc >= 0) return rc;
   uint64_t bytes = 0;
   if (!parse_size(size_s, &bytes) || bytes < 4) die("bad --size '" + size_s + "'");
   const size_t count = bytes / 4;
@@ -202,7 +191,7 @@ int main(int argc, char** argv) {
     std::printf("# thc_overlap_perf: %d ranks, %d x %llu B allreduces in flight, scheme %s, MPI thread level %s, "
                 "workload %s, %ld passes (%s)\n",
                 g_size, inflight, static_cast<unsigned long long>(count * 4), scheme_s.c_str(),
-                provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (thc runs calls inline)",
+                g_provided == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "below MULTIPLE (thc runs calls inline)",
                 workload_s == "sleep" ? "sleep (no CPU)" : "cpu", passes,
                 compute_ms > 0 ? "--compute-ms" : "calibrated to the communication");
     std::printf("# %10s  %10s  %10s  %10s  %10s  %8s  %9s  %12s\n", "compute", "comm", "both", "sum", "max", "overlap",
