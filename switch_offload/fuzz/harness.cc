@@ -192,6 +192,24 @@ int engine_one(const uint8_t* data, size_t size) {
   CheckingSink sink(&client);
   uint64_t now = 1'000'000;
   size_t off = 0;
+  // Frames with 0x10 go through Engine::handle_batch (as the UDP server hands it a receive
+  // batch), the batch ending at the next frame without it or at the end of the input.
+  std::vector<std::vector<uint8_t>> pending;
+  std::vector<PeerAddr> pending_peer;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    std::vector<Datagram> in;
+    for (size_t i = 0; i < pending.size(); ++i)
+      in.push_back(Datagram{pending[i].data(), pending[i].size(), &pending_peer[i]});
+    std::vector<Handled> res(in.size());
+    const size_t before = sink.sent;
+    eng.handle_batch(in.data(), in.size(), now, sink, res.data());
+    bool any = false;
+    for (Handled h : res) any = any || h != Handled::kDropped;
+    if (!any && sink.sent != before) violated();  // nothing answers what is not authenticated
+    pending.clear();
+    pending_peer.clear();
+  };
   while (off < size) {
     const uint8_t ctl = data[off];
     uint16_t adv = 0, len = 0;
@@ -201,8 +219,16 @@ int engine_one(const uint8_t* data, size_t size) {
     const size_t n = std::min<size_t>(len, size - off);
     now += static_cast<uint64_t>(adv) * 100;
     if (ctl & 0x20) now += 1'000'000;
-    if (ctl & 0x80) eng.tick(now, sink);
     const int p = ctl & 3;
+    if (!(ctl & 0x10) || (ctl & 0x80)) flush();
+    if (ctl & 0x80) eng.tick(now, sink);
+    if (ctl & 0x10) {
+      pending.push_back(ctl & 0x40 ? authenticate(client, p, data + off, n)
+                                   : std::vector<uint8_t>(data + off, data + off + n));
+      pending_peer.push_back(peer(p));
+      off += n;
+      continue;
+    }
     const size_t before = sink.sent;
     bool verified;
     if (ctl & 0x40) {
@@ -214,6 +240,7 @@ int engine_one(const uint8_t* data, size_t size) {
     if (!verified && sink.sent != before) violated();  // nothing answers what is not authenticated
     off += n;
   }
+  flush();
   eng.tick(now + 10'000'000, sink);  // expire everything: exercises the free path
   if (eng.job_count() != 0 || eng.memory_bytes() != 0) violated();
   return 0;
