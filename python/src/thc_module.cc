@@ -116,9 +116,12 @@ Array describe(const A& a, const char* name, bool bf16_bits) {
           "dtype");
   }
   // Dense row-major only: the call treats the memory as one vector (dimensions of extent 1 may
-  // carry any stride, as DLPack producers disagree on them).
+  // carry any stride, as DLPack producers disagree on them; so may every dimension of an empty
+  // array: NumPy 2.4 exports an empty array with strides that failed this check).
+  size_t elements = 1;
+  for (size_t i = 0; i < a.ndim(); ++i) elements *= a.shape(i);
   size_t count = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
+  for (size_t i = a.ndim(); elements != 0 && i-- > 0;) {
     const size_t n = a.shape(i);
     if (n != 1 && a.stride(i) != static_cast<int64_t>(count))
       raise(THC_ERR_INVALID_ARG,
@@ -126,8 +129,8 @@ Array describe(const A& a, const char* name, bool bf16_bits) {
             "array");
     count *= n;
   }
-  r.count = count;
-  r.bytes = count * (d.bits / 8);
+  r.count = elements;
+  r.bytes = elements * (d.bits / 8);
   r.data = const_cast<void*>(static_cast<const void*>(a.data()));
   r.device_type = a.device_type();
   r.device_id = a.device_id();
