@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "nccl_plugin/aggregator_job.h"
+#include "nccl_plugin/device.h"
 #include "nccl_plugin/guard.h"
 #include "nccl_plugin/log.h"
 #include "thc/thc.h"
@@ -79,6 +80,7 @@ struct Request {
   size_t count = 0;
   thc_dtype_t dtype = THC_FLOAT32;
   thc_op_t op = THC_OP_SUM;
+  bool on_device = false;  // send and recv are CUDA device memory
   // the outcome, written by the worker before done
   ncclResult_t result = ncclSuccess;
 };
@@ -162,7 +164,20 @@ void run(CollComm* c, Request* r) {
     if (st == THC_ERR_NONFINITE) {
       THC_PLUGIN_INFO(NCCL_COLL, "CollNet rank %d job %u: non-finite input in an allreduce of %zu elements: result set to NaN",
                       c->rank, c->job, r->count);
-      fill_nan(r->recv, r->count, r->dtype);
+      if (r->on_device) {
+        std::string why;
+        if (!device::fill_nan(r->recv, r->count, r->dtype == THC_FLOAT32 ? 4 : 2,
+                              r->dtype == THC_FLOAT32 ? 0x7fc00000u : r->dtype == THC_FLOAT16 ? 0x7e00u : 0x7fc0u, &why)) {
+          res = ncclInternalError;
+          std::lock_guard<std::mutex> lk(c->mu);
+          if (c->broken == ncclSuccess) {
+            c->broken = res;
+            c->broken_why = "writing NaN into the device result: " + why;
+          }
+        }
+      } else {
+        fill_nan(r->recv, r->count, r->dtype);
+      }
     } else if (st != THC_SUCCESS) {
       res = from_thc(st);
       std::lock_guard<std::mutex> lk(c->mu);
@@ -207,10 +222,31 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A registration: the memory type NCCL declared and the range, so that iallreduce can check
+// that each buffer lies in its handle's range and that send and receive are of one kind.
 struct Mr {
   uint32_t magic = kMrMagic;
   void* comm = nullptr;
+  int type = NCCL_PTR_HOST;
+  const char* base = nullptr;
+  size_t size = 0;
 };
+
+const char* type_name(int type) { return type == NCCL_PTR_CUDA ? "NCCL_PTR_CUDA" : "NCCL_PTR_HOST"; }
+
+// The buffer's memory type from its registration (NCCL always passes one); without a handle, what
+// the CUDA runtime says of the pointer.
+int buffer_type(void* coll_comm, const char* what, const void* p, size_t bytes, void* mhandle) {
+  if (!mhandle) return device::is_device(p) ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  auto* m = static_cast<Mr*>(mhandle);
+  if (m->magic != kMrMagic || m->comm != coll_comm) fail(Status::kInvalidArgument, std::string(what) + ": not a memory handle of this comm");
+  const char* c = static_cast<const char*>(p);
+  if (c < m->base || bytes > m->size || static_cast<size_t>(c - m->base) > m->size - bytes)
+    fail(Status::kInvalidArgument, std::string(what) + " [" + std::to_string(reinterpret_cast<uintptr_t>(p)) + ", +" +
+                                       std::to_string(bytes) + ") lies outside its registration (" +
+                                       std::to_string(m->size) + " bytes)");
+  return m->type;
+}
 
 }  // namespace
 
@@ -260,6 +296,11 @@ ncclResult_t properties(int dev, net::Props* props) {
   const ncclResult_t r = net::properties(dev, props);
   if (r != ncclSuccess) return r;
   props->max_recvs = 1;
+  // Device buffers when a CUDA device is usable: the codec then runs on the GPU and only the codes
+  // cross PCIe. Not NCCL_PTR_DMABUF: the plugin reaches device memory through CUDA kernels, never
+  // through the NIC, so a DMA-BUF file descriptor would give it nothing (regMrDmaBuf still takes
+  // a device range, ignoring the descriptor).
+  if (device::available()) props->ptr_support |= NCCL_PTR_CUDA;
   return ncclSuccess;
 }
 
@@ -311,6 +352,10 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
       s = settings();
     }
     if (s.aggregator.empty()) fail(Status::kInvalidArgument, "THC_COLLNET_AGGREGATOR is not set");
+    // Before the first allreduce: a usable device registers the engine's device path.
+    std::string no_device;
+    const std::string buffers =
+        device::available(&no_device) ? "device buffers: GPU codec" : "host buffers only: " + no_device;
     auto c = std::make_unique<CollComm>();
     c->rank = rank;
     c->nranks = nranks;
@@ -326,8 +371,9 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
                " at " + s.aggregator + ": " + thc_last_error());
     for (auto& r : c->pool) r.comm = c.get();
     c->worker = std::thread(worker_main, c.get());
-    THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d joined job %u at %s (%s)", rank, nranks, job,
-                    s.aggregator.c_str(), scheme_name(s.scheme));
+    THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d joined job %u at %s (%s; %s)", rank, nranks, job,
+                    s.aggregator.c_str(), scheme_name(s.scheme),
+                    buffers.c_str());
     *coll_comm = c.release();
   });
 }
@@ -345,21 +391,37 @@ ncclResult_t reg_mr(void* coll_comm, void* data, size_t size, int type, void** m
   return guard("CollNet regMr", [&] {
     as_comm(coll_comm);
     if (!mhandle) fail(Status::kInvalidArgument, "mhandle is NULL");
-    if (type != NCCL_PTR_HOST)
-      fail(Status::kUnsupported, "memory type " + std::to_string(type) + ": the thc CollNet takes host memory only");
-    (void)data;
-    (void)size;
+    *mhandle = nullptr;
+    if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA)
+      fail(Status::kInvalidArgument, "memory type " + std::to_string(type) +
+                                         ": the thc CollNet takes NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)");
+    if (!data || size == 0)
+      fail(Status::kInvalidArgument, "registration of " + std::to_string(size) + " bytes at " +
+                                         (data ? "a buffer" : "NULL") + ": needs a buffer and a size > 0");
+    if (type == NCCL_PTR_CUDA) {
+      std::string why;
+      if (!device::available(&why))
+        fail(Status::kUnsupported, "NCCL_PTR_CUDA: " + why + " (getProperties offers host memory only)");
+      if (!device::is_device_range(data, size, &why))
+        fail(Status::kInvalidArgument, "NCCL_PTR_CUDA registration of " + std::to_string(size) + " bytes: " + why);
+    } else if (device::is_device(data)) {
+      fail(Status::kInvalidArgument, "NCCL_PTR_HOST registration of CUDA device memory");
+    }
     auto* m = new Mr;
     m->comm = coll_comm;
+    m->type = type;
+    m->base = static_cast<const char*>(data);
+    m->size = size;
     *mhandle = m;
   });
 }
 
 ncclResult_t reg_mr_dmabuf(void* coll_comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle) {
-  if (type == NCCL_PTR_HOST) return reg_mr(coll_comm, data, size, type, mhandle);
+  // The descriptor would matter to a NIC reading the memory; the codec reads it through its
+  // device address, so the range is registered as regMr would.
   (void)offset;
   (void)fd;
-  return guard("CollNet regMrDmaBuf", [&] { fail(Status::kUnsupported, "DMA-BUF: the thc CollNet takes host memory only"); });
+  return reg_mr(coll_comm, data, size, type, mhandle);
 }
 
 ncclResult_t dereg_mr(void* coll_comm, void* mhandle) {
@@ -376,15 +438,26 @@ ncclResult_t iallreduce(void* coll_comm, void* send, void* recv, size_t count, n
   return guard("CollNet iallreduce", [&] {
     CollComm* c = as_comm(coll_comm);
     if (!request || (count > 0 && (!send || !recv))) fail(Status::kInvalidArgument, "NULL buffer or request");
-    (void)send_mhandle;
-    (void)recv_mhandle;
     thc_dtype_t t;
     thc_op_t o;
     if (!map_type(type, &t) || !map_op(op, &o))
       fail(Status::kInvalidArgument, "type " + std::to_string(static_cast<int>(type)) + " / op " +
                                          std::to_string(static_cast<int>(op)) + " (reduceSupport said no)");
+    bool on_device = false;
     if (count * elem_size(t) > net::kMaxCollBytes)
       fail(Status::kInvalidArgument, "iallreduce of " + std::to_string(count) + " elements (maxCollBytes 1 GiB)");
+    if (count > 0) {
+      // Both on the device (the engine's device path: GPU codec, codes staged to pinned host
+      // memory) or both on the host; the engine refuses a mix too, but here it is NCCL's
+      // registration that is wrong, and NCCL should hear it at once, not from test().
+      const size_t bytes = count * elem_size(t);
+      const int st = buffer_type(coll_comm, "sendData", send, bytes, send_mhandle);
+      const int rt = buffer_type(coll_comm, "recvData", recv, bytes, recv_mhandle);
+      if (st != rt)
+        fail(Status::kInvalidArgument, std::string("sendData is ") + type_name(st) + ", recvData " + type_name(rt) +
+                                           ": both must be host memory or both device memory");
+      on_device = st == NCCL_PTR_CUDA;
+    }
     *request = nullptr;
     Request* r = nullptr;
     for (auto& q : c->pool)
@@ -400,6 +473,7 @@ ncclResult_t iallreduce(void* coll_comm, void* send, void* recv, size_t count, n
     r->count = count;
     r->dtype = t;
     r->op = o;
+    r->on_device = on_device;
     r->result = ncclSuccess;
     {
       std::lock_guard<std::mutex> lk(c->mu);
@@ -415,7 +489,9 @@ ncclResult_t iflush(void* coll_comm, void* data, int size, void* mhandle, void**
     as_comm(coll_comm);
     if (!request) fail(Status::kInvalidArgument, "request is NULL");
     (void)data, (void)size, (void)mhandle;
-    *request = nullptr;  // host memory: nothing to flush
+    // Nothing to flush: host results are written by the worker, device results by the decode
+    // kernel, whose stream test() has waited for (no NIC wrote to GPU memory behind CUDA's back).
+    *request = nullptr;
   });
 }
 
@@ -461,9 +537,11 @@ ncclResult_t close_coll(void* coll_comm) {
     c->worker.join();
     thc_stats_t st{};
     if (thc_comm_stats(c->comm, &st) == THC_SUCCESS && st.calls > 0)
-      THC_PLUGIN_INFO(NCCL_NET, "CollNet rank %d job %u: %llu allreduces, %llu elements, %.3f wire bytes/element up", c->rank,
-                      c->job, static_cast<unsigned long long>(st.calls), static_cast<unsigned long long>(st.elements),
-                      st.elements ? static_cast<double>(st.wire_bytes_up) / static_cast<double>(st.elements) : 0.0);
+      THC_PLUGIN_INFO(NCCL_NET, "CollNet rank %d job %u: %llu allreduces, %llu elements, %.3f wire bytes/element up, %.3f down",
+                      c->rank, c->job, static_cast<unsigned long long>(st.calls),
+                      static_cast<unsigned long long>(st.elements),
+                      st.elements ? static_cast<double>(st.wire_bytes_up) / static_cast<double>(st.elements) : 0.0,
+                      st.elements ? static_cast<double>(st.wire_bytes_down) / static_cast<double>(st.elements) : 0.0);
     const thc_status_t ds = thc_comm_destroy(c->comm);
     c->magic = 0;
     delete c;

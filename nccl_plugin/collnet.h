@@ -1,8 +1,13 @@
 // The CollNet half of the plugin, version-neutral: NCCL hands whole allreduces of float chunks to
 // iallreduce, and each runs as a compressed allreduce at the aggregator(s) named by
-// THC_COLLNET_AGGREGATOR: THC (or THC_COLLNET_SCHEME) encodes the staging buffer on the host, the
-// aggregator adds integers after its table lookup, every rank decodes the same sums into recvData.
-// The shape of SHARP offload, with compressed codes on the wire instead of floats.
+// THC_COLLNET_AGGREGATOR: THC (or THC_COLLNET_SCHEME) encodes the buffer (host memory: the host
+// codec; device memory, NCCL_PTR_CUDA: the GPU codec, only the codes staged through pinned host
+// memory, nccl_plugin/device.h), the aggregator adds integers after its table lookup, every rank
+// decodes the same sums into recvData. The shape of SHARP offload, with compressed codes on the
+// wire instead of floats.
+//
+//   regMr        NCCL_PTR_HOST, or NCCL_PTR_CUDA when built with CUDA and a device answers; the
+//                type is checked against what the CUDA runtime says of the range
 //
 //   devices      0 without THC_COLLNET_AGGREGATOR (NCCL then runs without CollNet); otherwise
 //                the net devices, with the same name, pciPath and guid (NCCL pairs them)

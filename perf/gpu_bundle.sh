@@ -14,7 +14,7 @@
 # needs the GPU), everything is checked there and the device time goes to running, not compiling.
 #
 # What goes in (paths inside the archive):
-#   bin/         the GPU tests and tools, stripped: cuda_*_test, thc_gpu_bench, thc_gpu_mpi_check,
+#   bin/         the GPU tests and tools, stripped: cuda_*_test, thc_gpu_bench, thc_gpu_mpi_check, collnet_device_check,
 #                thc-aggregator, thc_allreduce_perf, libnccl-net-thc.so, nccl_plugin_conformance
 #                (the plugin driven as NCCL's proxy would, without NCCL), and nccl-tests'
 #                all_reduce_perf (MPI=1, sm_90)
@@ -41,7 +41,8 @@ grep -q '^/gpu_bundle/$' "$ROOT/.gitignore" 2>/dev/null ||
   { echo "gpu_bundle.sh: add /gpu_bundle/ to .gitignore first (the archive must never be committed)" >&2; exit 2; }
 
 TARGETS=(cuda_shared_test cuda_kernels_test cuda_nccl_test cuda_engine_device_test cuda_mpi_device_test
-         thc_gpu_bench thc_gpu_mpi_check nccl-net-thc nccl_plugin_conformance thc-aggregator thc_allreduce_perf)
+         thc_gpu_bench thc_gpu_mpi_check nccl-net-thc nccl_plugin_conformance thc-aggregator thc_allreduce_perf
+         collnet_device_check)
 echo "gpu_bundle: building ${TARGETS[*]} in $BUILD"
 ninja -C "$BUILD" "${TARGETS[@]}" > "$STAGE/build.log" 2>&1 || { tail -30 "$STAGE/build.log"; exit 1; }
 grep -q 'sm_90\|90-real\|CMAKE_CUDA_ARCHITECTURES:STRING=.*90' "$BUILD/CMakeCache.txt" ||
@@ -53,7 +54,7 @@ copy_bin() {  # copy_bin FILE -> bin/, stripped
   strip --strip-unneeded "$STAGE/bin/$(basename "$1")" 2>/dev/null || true
 }
 for t in cuda_shared_test cuda_kernels_test cuda_nccl_test cuda_engine_device_test cuda_mpi_device_test \
-         thc_gpu_bench thc_gpu_mpi_check; do
+         thc_gpu_bench thc_gpu_mpi_check collnet_device_check; do
   copy_bin "$BUILD/tests/cuda/$t"
 done
 copy_bin "$BUILD/tests/nccl_plugin/nccl_plugin_conformance"

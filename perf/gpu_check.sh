@@ -19,6 +19,9 @@
 #      NCCL_NET_PLUGIN=thc NCCL_COLLNET_ENABLE=1 NCCL_DEBUG=INFO; asserts from NCCL's log that the
 #      plugin and CollNet were used and from the tools that the results are right (exact with
 #      CollNet off, within the NMSE bound with it on);
+#   6b. drives the plugin's CollNet on device buffers without NCCL (collnet_device_check): bit-identical
+#      to host buffers, the refusals, and the time per call and PCIe bytes of the device path against
+#      the host-staged path NCCL takes without it;
 #   7. prints a short table last.
 #
 # Fallbacks when a dependency is missing (nothing can be downloaded):
@@ -51,6 +54,7 @@
 # THC_GPU_CHECK_TEST_TIMEOUT (seconds per gtest binary, default 200), THC_GPU_CHECK_MPS (1: also the
 # net-only NCCL jobs under CUDA MPS when nvidia-cuda-mps-control exists; 0: not), THC_GPU_CHECK_NCCL_TIMEOUT
 # (seconds per NCCL job, default 150),
+# THC_GPU_CHECK_COLLNET_RANKS / THC_GPU_CHECK_COLLNET_COUNT (step 6b: ranks, default 4; floats, default 2^24),
 # THC_GPU_CHECK_PRETEND_MISSING (e.g. "random123 gtest cli11 hwy mpi": test the fallbacks).
 set -u -o pipefail
 
@@ -304,7 +308,7 @@ if [ $HWY_OK -eq 1 ]; then
   if cmake -S "$ROOT" -B "$BUILD/b" "${CMAKE_ARGS[@]}" > "$OUT/configure.log" 2>&1; then
     AVAIL=$(ninja -C "$BUILD/b" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_.-]*\): .*/\1/p' | sort -u)
     for t in thc_gpu_bench cuda_kernels_test cuda_nccl_test cuda_engine_device_test thc_gpu_mpi_check \
-             cuda_mpi_device_test cuda_shared_test nccl-net-thc; do
+             cuda_mpi_device_test cuda_shared_test nccl-net-thc collnet_device_check; do
       echo "$AVAIL" | grep -qx "$t" && TARGETS+=("$t")
     done
     # the aggregator and the perf tool need CLI11 (not the placeholder)
@@ -618,6 +622,30 @@ if [ $BUILT_OK -eq 1 ]; then
   fi
 fi
 
+# ---- 6b. the plugin's CollNet on device buffers, without NCCL -----------------------------------
+# collnet_device_check drives libnccl-net-thc.so's CollNet as NCCL's proxy would, with ranks as
+# threads sharing the GPU and a thc-aggregator on loopback: device buffers (NCCL_PTR_CUDA: GPU
+# codec, only the codes cross PCIe) must give the bits host buffers give, the refusals must hold,
+# then the time per call of the device path against the host-staged path (float32 copied to
+# pinned memory, host codec, copied back) and the bytes per element each moves across PCIe.
+CN_BIN="$B/collnet_device_check"
+if [ $BUILT_OK -eq 1 ] && [ -x "$CN_BIN" ] && [ -f "$PLUGIN" ] && [ -x "$AGG_BIN" ]; then
+  THC_AGGREGATOR_BIN="$AGG_BIN" timeout 240 "$CN_BIN" "$PLUGIN" --ranks "${THC_GPU_CHECK_COLLNET_RANKS:-4}" \
+    --iters 10 --count "${THC_GPU_CHECK_COLLNET_COUNT:-16777216}" > "$OUT/collnet_device.log" 2>&1
+  rc=$?
+  if [ $rc -eq 77 ]; then
+    step "collnet device path" "skipped" "no CUDA device"
+  elif [ $rc -eq 0 ] && grep -q "RESULT ok" "$OUT/collnet_device.log"; then
+    td=$(awk '/device path \(GPU codec/ {print $(NF-3)}' "$OUT/collnet_device.log")
+    th=$(awk '/host-staged \(float32/ {print $(NF-6)}' "$OUT/collnet_device.log")
+    step "collnet device path" "ok" "bit-identical to host buffers; ms/call device ${td:-?} vs host-staged ${th:-?} (collnet_device.log)"
+  else
+    step "collnet device path" "FAILED" "rc=$rc $(grep -m1 -E 'FAIL' "$OUT/collnet_device.log" | cut -c1-140) (collnet_device.log)"
+  fi
+elif [ $BUILT_OK -eq 1 ]; then
+  step "collnet device path" "skipped" "collnet_device_check, the plugin or thc-aggregator not built"
+fi
+
 # ---- 7. the table -----------------------------------------------------------------------------
 {
   echo
@@ -630,6 +658,10 @@ fi
     echo
     echo "plugin net without NCCL (2 ranks, ring stream):"
     sed -n '/^ *bytes  *msgs/,/^#/p' "$OUT/plugin_conformance.log" | grep -v '^#'
+  fi
+  if grep -q '^TIMING' "$OUT/collnet_device.log" 2>/dev/null; then
+    echo
+    sed -n '/^TIMING/,/^PCIe bytes/p' "$OUT/collnet_device.log"
   fi
   if [ -f "$OUT/bench.txt" ]; then
     echo

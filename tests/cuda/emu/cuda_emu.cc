@@ -1,5 +1,6 @@
 // The CUDA emulator's scheduler and the subset of the CUDA runtime API the kernels and the
 // tests use (see cuda_emu.h).
+#include <atomic>
 #include "tests/cuda/emu/cuda_emu.h"
 
 #include <ucontext.h>
@@ -105,7 +106,11 @@ uint64_t warp_exchange(uint64_t v, unsigned lane_xor) {
 
 void* dynamic_smem_raw() { return g.smem.data(); }
 
+std::atomic<uint64_t> g_grids_run{0};
+uint64_t grids_run() { return g_grids_run.load(std::memory_order_relaxed); }
+
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  g_grids_run.fetch_add(1, std::memory_order_relaxed);
   const unsigned nt = block.x * block.y * block.z;
   if (nt == 0 || nt > 1024) {
     std::fprintf(stderr, "cuda_emu: bad block size %u\n", nt);

@@ -52,6 +52,9 @@ void syncthreads();
 uint64_t warp_exchange(uint64_t v, unsigned lane_xor);
 void* dynamic_smem_raw();
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+// Grids run so far, all threads together: lets a test tell that a call went through the device
+// path (emulated device memory is host memory, so the host path would give the same bits).
+uint64_t grids_run();
 
 template <class T>
 T* dynamic_smem() {
