@@ -3,7 +3,7 @@
 # (perf/model/thc_model.py --calib FILE).
 #
 # Usage:
-#   perf/model/calibrate.sh [--out FILE] [--bin-dir BUILD] [--quick]
+#   perf/model/calibrate.sh [--out FILE] [--bin-dir BUILD] [--quick] [--testbed [--mpi-yield]]
 #
 #   --out FILE     where the JSON goes (default perf/model/calib_local.json; the committed default
 #                  is perf/model/calib_default.json)
@@ -23,7 +23,7 @@
 #                  core while waiting instead of busy-polling); recorded in the JSON, and `validate`
 #                  refuses a run whose setting differs
 #
-# What it runs (about 1-2 minutes; --testbed about 4 more):
+# What it runs (about 1-2 minutes; --testbed 1-3 more):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
 #                            as the engine does), THC decode, the PS owner's lookup-add, the
 #                            integer ring's add, a float32 sum (the rates the model scales by cores)
@@ -54,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "calibrate.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+(( ${#YIELD[@]} && ! TESTBED )) && { echo "calibrate.sh: --mpi-yield applies to the testbed's runs: add --testbed" >&2; exit 2; }
 CB="$BIN/perf/codec_bench"
 AB="$BIN/perf/aggregator_bench/aggregator_bench"
 AP="$BIN/perf/allreduce_perf/thc_allreduce_perf"
