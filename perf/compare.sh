@@ -37,6 +37,12 @@
 #                   p4c-bm2-ss from switch_offload/p4; simple_switch and p4c-bm2-ss from PATH,
 #                   $THC_P4_PREFIX/bin or /opt/p4/bin)
 #   --prefix P      namespace prefix of the testbed (default thccmp<pid>)
+#   --mpi-yield     every rank's MPI yields the core while it waits (--mca mpi_yield_when_idle 1, every
+#                   config alike): what Open MPI does by itself when it sees more ranks than cores. The
+#                   testbed's hosts each declare one slot, so by default Open MPI busy-polls: 4 spinning
+#                   ranks on this machine's 2 cores, each step of its ring waiting for the next rank's
+#                   turn on a core (perf/model/README.md, "Open MPI's step latency"). Off by default
+#                   (the published baselines); recorded in DIR/settings
 #   after --         extra arguments for every thc_allreduce_perf run (e.g. --bits 2 --block 1M)
 #
 # Each run goes through perf/testbed/netns_cluster.sh (network namespaces, a bridge and tbf
@@ -74,6 +80,7 @@ CONFIGS="none thc-int thc-ps cnat-int cnat-ps"
 AGG_THREADS=1
 BMV2_MAX=2M
 P4_JSON=""
+MPI_YIELD=0
 EXTRA=()
 
 while [[ $# -gt 0 ]]; do
@@ -94,6 +101,7 @@ while [[ $# -gt 0 ]]; do
     --agg-threads) AGG_THREADS="$2"; shift 2 ;;
     --bmv2-max-size) BMV2_MAX="$2"; shift 2 ;;
     --p4-json) P4_JSON="$2"; shift 2 ;;
+    --mpi-yield) MPI_YIELD=1; shift ;;
     -h|--help) usage ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
@@ -179,6 +187,10 @@ fi
 
 mkdir -p "$OUT/raw" "$OUT/data"
 OUT=$(cd "$OUT" && pwd)
+# What the scale model's `validate` must match its calibration to (perf/model/thc_model.py).
+echo "mpi_yield_when_idle=$MPI_YIELD" > "$OUT/settings"
+YIELD_ARGS=""
+(( MPI_YIELD )) && YIELD_ARGS="--mca mpi_yield_when_idle 1"
 
 # ---- one rate: a script that runs every config with the mpirun prefix it is given
 write_runner() {
@@ -342,13 +354,14 @@ for rate in $RATES; do
       THC_HIER_HOSTS=$(printf "$RPH,%.0s" $(seq "$NHOSTS")); export THC_HIER_HOSTS=${THC_HIER_HOSTS%,}
       local_args=(-x THC_HIER_HOSTS)
     fi
-    "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none "${local_args[@]+"${local_args[@]}"}" || overall=1
+    # shellcheck disable=SC2086
+    "$RUNNER" "$rate" mpirun -np "$NP" --oversubscribe --bind-to none $YIELD_ARGS "${local_args[@]+"${local_args[@]}"}" || overall=1
   else
     # The runner expands $THC_TESTBED_MPIRUN_ARGS inside the testbed's host namespace h0.
     testbed_args=(--hosts "$NHOSTS" --slots "$RPH" --rate "$rate" --prefix "$PREFIX")
     (( NEED_AGG )) && testbed_args+=(--switch-ip --agg-hosts 2)
     bash "$TESTBED" "${testbed_args[@]}" -- \
-      bash -c 'r="$1"; shift; exec "$@" "$r" mpirun -np '"$NP"' $THC_TESTBED_MPIRUN_ARGS' _ "$rate" "$RUNNER" \
+      bash -c 'r="$1"; shift; exec "$@" "$r" mpirun -np '"$NP"' $THC_TESTBED_MPIRUN_ARGS '"$YIELD_ARGS"'' _ "$rate" "$RUNNER" \
       || overall=1
   fi
 done
@@ -394,6 +407,8 @@ md = [f"# thc_allreduce_perf comparison: {layout}", "",
       "wire = bytes per element on each rank's link in its busier direction (aggregator configs: counted "
       "datagrams, headers included); wire limit = the busiest link's bytes at the shaped rate; "
       "nmse against an exact float64 allreduce.", ""]
+if open(os.path.join(out, "settings")).read().strip() == "mpi_yield_when_idle=1":
+    md[-1:-1] = ["Open MPI yields the core while it waits (--mpi-yield: mpi_yield_when_idle 1, every config).", ""]
 for rate in rates:
     runs = {}
     for c in configs:

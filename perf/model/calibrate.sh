@@ -3,7 +3,7 @@
 # (perf/model/thc_model.py --calib FILE).
 #
 # Usage:
-#   perf/model/calibrate.sh [--out FILE] [--bin-dir BUILD] [--quick]
+#   perf/model/calibrate.sh [--out FILE] [--bin-dir BUILD] [--quick] [--testbed [--mpi-yield]]
 #
 #   --out FILE     where the JSON goes (default perf/model/calib_local.json; the committed default
 #                  is perf/model/calib_default.json)
@@ -19,8 +19,11 @@
 #                  ring's steady state (thc-int at 6M and 48M: the time difference over 42 more
 #                  chunks); then thc_model.py calibrate-testbed. The model's `testbed` scenario
 #                  needs it
+#   --mpi-yield    with --testbed: the testbed's runs with compare.sh --mpi-yield (Open MPI yields the
+#                  core while waiting instead of busy-polling); recorded in the JSON, and `validate`
+#                  refuses a run whose setting differs
 #
-# What it runs (about 1-2 minutes; --testbed about 4 more):
+# What it runs (about 1-2 minutes; --testbed 1-3 more):
 #   codec_bench --cpu-time   one core: memcpy, THC encode (index and value form, one call per block
 #                            as the engine does), THC decode, the PS owner's lookup-add, the
 #                            integer ring's add, a float32 sum (the rates the model scales by cores)
@@ -39,16 +42,19 @@ OUT="$HERE/calib_local.json"
 BIN="$ROOT/build"
 QUICK=0
 TESTBED=0
+YIELD=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --bin-dir) BIN="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --testbed) TESTBED=1; shift ;;
+    --mpi-yield) YIELD=(--mpi-yield); shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
     *) echo "calibrate.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+(( ${#YIELD[@]} && ! TESTBED )) && { echo "calibrate.sh: --mpi-yield applies to the testbed's runs: add --testbed" >&2; exit 2; }
 CB="$BIN/perf/codec_bench"
 AB="$BIN/perf/aggregator_bench/aggregator_bench"
 AP="$BIN/perf/allreduce_perf/thc_allreduce_perf"
@@ -167,7 +173,7 @@ print(json.dumps(res, indent=1))
 EOF
 if (( TESTBED )); then
   echo "calibrate.sh: testbed (perf/compare.sh on the emulated cluster)" >&2
-  bash "$ROOT/perf/compare.sh" --out "$TMP/testbed" --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10 \
+  bash "$ROOT/perf/compare.sh" "${YIELD[@]+"${YIELD[@]}"}" --out "$TMP/testbed" --rates "none 1gbit" --min-size 256K --max-size 16M --iters 10 \
     --configs "none-ring thc-int" --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/testbed.log" 2>&1 \
     || { tail -30 "$TMP/testbed.log" >&2; exit 1; }
   # CPU per call of thc's own paths at 128 MB (outside the validation's sizes): the ranks' `# cpu:`
@@ -176,7 +182,7 @@ if (( TESTBED )); then
   for cfg in thc-agg-switch thc-ps; do
     echo "calibrate.sh: testbed CPU of $cfg at 128M" >&2
     d="$TMP/cpu_$cfg"
-    bash "$ROOT/perf/compare.sh" --out "$d" --rates 1gbit --min-size 128M --max-size 128M --iters 5 \
+    bash "$ROOT/perf/compare.sh" "${YIELD[@]+"${YIELD[@]}"}" --out "$d" --rates 1gbit --min-size 128M --max-size 128M --iters 5 \
       --configs "$cfg" --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/cpu_$cfg.log" 2>&1 &
     cpid=$! agg_ticks=0
     while kill -0 "$cpid" 2>/dev/null; do
@@ -194,10 +200,10 @@ if (( TESTBED )); then
   # The hop of thc's schedules in the steady state: the int ring at 6 and 48 MB (6 and 48 chunks;
   # sizes between the validation's 4-64 MB, not equal to them; 12 and 24 MB come along).
   echo "calibrate.sh: testbed thc-int at 6M-48M" >&2
-  bash "$ROOT/perf/compare.sh" --out "$TMP/steady" --rates 1gbit --min-size 6M --max-size 48M --iters 5 \
+  bash "$ROOT/perf/compare.sh" "${YIELD[@]+"${YIELD[@]}"}" --out "$TMP/steady" --rates 1gbit --min-size 6M --max-size 48M --iters 5 \
     --configs thc-int --bin-dir "$BIN/perf/allreduce_perf" > "$TMP/steady.log" 2>&1 \
     || { tail -30 "$TMP/steady.log" >&2; exit 1; }
   python3 "$HERE/thc_model.py" --calib "$OUT" calibrate-testbed "$TMP/testbed" --cpu "$TMP/cpu.txt" \
-    --steady "$TMP/steady" --write "$OUT"
+    --steady "$TMP/steady" --mpi-yield "${#YIELD[@]}" --write "$OUT"
 fi
 echo "calibrate.sh: wrote $OUT" >&2

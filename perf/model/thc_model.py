@@ -446,6 +446,29 @@ VALIDATE = {
 }
 
 
+def run_settings(d):
+    """compare.sh's DIR/settings (key=value lines); runs older than the file had the defaults."""
+    st = {"mpi_yield_when_idle": "0"}
+    p = os.path.join(d, "settings")
+    if os.path.exists(p):
+        with open(p) as f:
+            for line in f:
+                if "=" in line:
+                    k, v = line.strip().split("=", 1)
+                    st[k] = v
+    return st
+
+
+def check_settings(d, cal, cal_name):
+    """The testbed's latencies depend on whether Open MPI busy-polls (several-fold on the rings'
+    small steps): a run is modelled only with a calibration made the same way."""
+    run_y = run_settings(d)["mpi_yield_when_idle"] == "1"
+    cal_y = bool(cal.get("testbed", {}).get("mpi_yield_when_idle", False))
+    if run_y != cal_y:
+        raise SystemExit(f"thc_model.py validate: {d} ran with mpi_yield_when_idle={int(run_y)} but {cal_name} "
+                         f"was calibrated with {int(cal_y)} (calibrate.sh --testbed{' --mpi-yield' if run_y else ''})")
+
+
 def validate(cal, dirs, out_md=None):
     """Reads compare.sh's raw JSON (DIR/raw/<rate>_<config>.json) from one or more runs and models
     each run with DIR/calib.json where there is one (a calibration made with the run: the shared
@@ -458,6 +481,7 @@ def validate(cal, dirs, out_md=None):
     for d in dirs:
         cp = os.path.join(d, "calib.json")
         cal_d = load_calib(cp) if os.path.exists(cp) else cal
+        check_settings(d, cal_d, cp if os.path.exists(cp) else "the calibration")
         for c in VALIDATE:
             for fn in sorted(os.listdir(os.path.join(d, "raw"))):
                 m = re.fullmatch(r"(.+)_" + re.escape(c) + r"\.json", fn)
@@ -786,6 +810,8 @@ def main(argv=None):
     c.add_argument("--write", help="write the calibration with the testbed section here")
     c.add_argument("--steady", help="compare.sh --rates 1gbit --min-size 6M --max-size 48M --configs thc-int: "
                    "the hop of thc's schedules from the steady state")
+    c.add_argument("--mpi-yield", type=int, choices=(0, 1), default=0,
+                   help="1: the testbed runs had compare.sh --mpi-yield (recorded; validate matches runs to it)")
     c.add_argument("--cpu", help="CPU per call: lines 'config size rank_cpu_ms agg_cpu_s agg_rx_packets' (calibrate.sh --testbed)")
     o = sub.add_parser("one", help="one configuration, every algorithm")
     o.add_argument("--n", type=int, required=True)
@@ -802,6 +828,7 @@ def main(argv=None):
         return 0 if worst <= 0.2 else 1
     if a.cmd == "calibrate-testbed":
         tb = calibrate_testbed(cal, a.dir, cpu_file=a.cpu, steady=a.steady)
+        tb["mpi_yield_when_idle"] = bool(a.mpi_yield)
         print(json.dumps(tb, indent=1))
         if a.write:
             cal["testbed"] = tb

@@ -96,5 +96,30 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 0, "datacenter: " + r.stderr[-500:])
     md = open(os.path.join(d, "datacenter.md")).read() if r.returncode == 0 else ""
     check(md.count("| 1024 | 400gbit | 1G |") == 2, "datacenter table has both scenarios' rows")
+# validate models a run only with a calibration made the same way: Open MPI busy-polling or yielding
+# (compare.sh --mpi-yield, DIR/settings) changes the testbed's ring latencies several-fold.
+with tempfile.TemporaryDirectory() as d:
+    run = os.path.join(d, "run")
+    os.makedirs(os.path.join(run, "raw"))
+    with open(os.path.join(run, "raw", "1gbit_none-ring.json"), "w") as f:
+        json.dump({"ranks": 4, "rows": [{"size": 4 * MB, "time_us": 5e4, "wire_bytes_per_elem": 6}]}, f)
+    with open(os.path.join(run, "settings"), "w") as f:
+        f.write("mpi_yield_when_idle=1\n")
+    cal_busy = dict(cal, testbed=dict(cal["testbed"], mpi_yield_when_idle=False))
+    cal_yield = dict(cal, testbed=dict(cal["testbed"], mpi_yield_when_idle=True))
+    for name, c in (("busy", cal_busy), ("yield", cal_yield)):
+        with open(os.path.join(d, name + ".json"), "w") as f:
+            json.dump(c, f)
+    tool = os.path.join(ROOT, "perf", "model", "thc_model.py")
+    r = subprocess.run([sys.executable, tool, "--calib", os.path.join(d, "busy.json"), "validate", run],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "mpi_yield_when_idle=1" in r.stderr, "validate refuses a yielding run with a busy-poll calibration")
+    r = subprocess.run([sys.executable, tool, "--calib", os.path.join(d, "yield.json"), "validate", run],
+                       capture_output=True, text=True)
+    check("| none-ring | 4 MB |" in r.stdout, "validate models a yielding run with a yielding calibration: " + r.stderr[-300:])
+    os.remove(os.path.join(run, "settings"))  # runs from before the file: busy-polling
+    r = subprocess.run([sys.executable, tool, "--calib", os.path.join(d, "yield.json"), "validate", run],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "mpi_yield_when_idle=0" in r.stderr, "a run without settings is a busy-polling run")
 print("perf_model:", "FAILED" if failures else "ok", f"({len(failures)} failures)")
 sys.exit(1 if failures else 0)
