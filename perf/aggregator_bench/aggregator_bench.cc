@@ -266,9 +266,10 @@ struct Replay {
   }
 };
 
-Replay make_replay(int workers, uint64_t packets) {
+Replay make_replay(int workers, uint64_t packets, int slots) {
   Replay r;
   r.workers = workers;
+  r.slots = slots;
   r.packets = packets;
   r.key = sw::auth::Key{};
   r.key.id = 1;
@@ -410,6 +411,7 @@ int main(int argc, char** argv) {
   uint64_t n = 1 << 20;
   int reps = 5, workers = 4, mtu = 1500, replay_reps = 5;
   uint64_t replay_packets = 2000;
+  int replay_slots = 256;
   std::vector<int> threads = {1, 2}, jobs = {1}, lanes = {256, 8192}, replay_threads = {1, 2};
   std::vector<std::string> encodings = {"thc", "cnat", "u8", "u32"};
   bool no_udp = false, no_replay = false;
@@ -425,6 +427,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"thc", "cnat", "u8", "u32"}));
   app.add_option("--replay-packets", replay_packets, "engine replay: packets per worker")->capture_default_str();
+  app.add_option("--replay-slots", replay_slots,
+                 "engine replay: the job's window S (registers of 2S packets; the clients' default THC_AGG_SLOTS is "
+                 "1024)")
+      ->capture_default_str();
   app.add_option("--replay-reps", replay_reps, "engine replay: repetitions (median and range printed)")
       ->capture_default_str();
   app.add_option("--replay-threads", replay_threads, "engine replay: thread counts (one engine and job each)")
@@ -438,10 +444,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!no_replay) {
-    const Replay r = make_replay(workers, replay_packets);
+    const Replay r = make_replay(workers, replay_packets, replay_slots);
     std::printf("# engine replay (no sockets): THC b=4 -> u8, %d lanes, %d workers, %llu packets per worker, "
-                "batches of %zu, %d reps (median [min..max]); CPU time per upstream datagram\n",
-                r.lanes, workers, static_cast<unsigned long long>(replay_packets), kReplayBatch, replay_reps);
+                "window %d slots, batches of %zu, %d reps (median [min..max]); CPU time per upstream datagram\n",
+                r.lanes, workers, static_cast<unsigned long long>(replay_packets), r.slots, kReplayBatch, replay_reps);
     std::printf("%4s %22s %8s %11s %12s %11s %14s %12s\n", "thr", "ns/dgm", "MAC_ns", "lookup_ns", "bookkeep_ns",
                 "Mdgm/cpu-s", "Glanes/cpu-s", "Glanes/s");
     for (int t : replay_threads) {
