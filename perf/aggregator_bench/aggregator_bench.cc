@@ -216,6 +216,7 @@ double thread_cpu_s() {
 
 struct Replay {
   int workers = 4, lanes = 0, slots = 256;
+  int budget = proto::kPayloadBudget1500;  // payload bytes: the path MTU's
   uint64_t packets = 0;  // per worker
   sw::auth::Key key;
   proto::JobId id;
@@ -229,6 +230,7 @@ struct Replay {
     c.seed = 7;
     c.incarnation = 11;
     c.max_slots_per_job = static_cast<uint32_t>(slots);
+    c.payload_budget = budget;
     c.keys = std::make_shared<sw::auth::KeyRing>(std::vector<sw::auth::Key>{key});
     return std::make_unique<sw::Engine>(c, st);
   }
@@ -241,7 +243,7 @@ struct Replay {
       p.quorum = static_cast<uint16_t>(workers);
       p.slots = static_cast<uint16_t>(slots);
       p.max_lanes = proto::kMaxLanes;
-      p.payload_budget = proto::kPayloadBudget1500;
+      p.payload_budget = budget;
       p.table = w == 0 ? &table : nullptr;
       KeepSink k;
       const std::vector<uint8_t> first = proto::make_join(j, static_cast<uint16_t>(w), p, 10);
@@ -266,9 +268,11 @@ struct Replay {
   }
 };
 
-Replay make_replay(int workers, uint64_t packets) {
+Replay make_replay(int workers, uint64_t packets, int slots, int mtu) {
   Replay r;
+  r.budget = mtu - 28 - static_cast<int>(proto::kHeaderBytes);
   r.workers = workers;
+  r.slots = slots;
   r.packets = packets;
   r.key = sw::auth::Key{};
   r.key.id = 1;
@@ -279,7 +283,7 @@ Replay make_replay(int workers, uint64_t packets) {
   r.table.sum = proto::WireInt::kU8;
   for (int z = 0; z < 16; ++z) r.table.values[z] = z % 31;
   r.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, proto::kMaxLanes,
-                             proto::kPayloadBudget1500);
+                             r.budget);
   sw::Stats st;
   auto e = r.engine(&st);
   r.id.dkey = r.join(*e);
@@ -410,6 +414,7 @@ int main(int argc, char** argv) {
   uint64_t n = 1 << 20;
   int reps = 5, workers = 4, mtu = 1500, replay_reps = 5;
   uint64_t replay_packets = 2000;
+  int replay_slots = 256;
   std::vector<int> threads = {1, 2}, jobs = {1}, lanes = {256, 8192}, replay_threads = {1, 2};
   std::vector<std::string> encodings = {"thc", "cnat", "u8", "u32"};
   bool no_udp = false, no_replay = false;
@@ -425,6 +430,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"thc", "cnat", "u8", "u32"}));
   app.add_option("--replay-packets", replay_packets, "engine replay: packets per worker")->capture_default_str();
+  app.add_option("--replay-slots", replay_slots,
+                 "engine replay: the job's window S (registers of 2S packets; the clients' default THC_AGG_SLOTS is "
+                 "1024)")
+      ->capture_default_str();
   app.add_option("--replay-reps", replay_reps, "engine replay: repetitions (median and range printed)")
       ->capture_default_str();
   app.add_option("--replay-threads", replay_threads, "engine replay: thread counts (one engine and job each)")
@@ -438,10 +447,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!no_replay) {
-    const Replay r = make_replay(workers, replay_packets);
-    std::printf("# engine replay (no sockets): THC b=4 -> u8, %d lanes, %d workers, %llu packets per worker, "
-                "batches of %zu, %d reps (median [min..max]); CPU time per upstream datagram\n",
-                r.lanes, workers, static_cast<unsigned long long>(replay_packets), kReplayBatch, replay_reps);
+    const Replay r = make_replay(workers, replay_packets, replay_slots, mtu);
+    std::printf("# engine replay (no sockets): THC b=4 -> u8, %d lanes (mtu %d), %d workers, %llu packets per worker, "
+                "window %d slots, batches of %zu, %d reps (median [min..max]); CPU time per upstream datagram\n",
+                r.lanes, mtu, workers, static_cast<unsigned long long>(replay_packets), r.slots, kReplayBatch,
+                replay_reps);
     std::printf("%4s %22s %8s %11s %12s %11s %14s %12s\n", "thr", "ns/dgm", "MAC_ns", "lookup_ns", "bookkeep_ns",
                 "Mdgm/cpu-s", "Glanes/cpu-s", "Glanes/s");
     for (int t : replay_threads) {

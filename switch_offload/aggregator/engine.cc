@@ -107,6 +107,10 @@ struct Engine::Shadow {
   uint8_t table = 0;
   uint8_t state = kFree;
   uint8_t rw = 4;            // register width in bytes: the sum type's (4 for the MAX prelude)
+  // The registers hold nothing of this use yet (stale bytes of an earlier one): the first
+  // contribution writes them instead of being added to zeros (lanes::set_*), and a result of
+  // none (zero contributors) zeroes them first.
+  bool fresh = false;
   // Per worker: the newest attempt number seen (valid for the workers in `seen`), and the newest
   // one answered (valid for the workers in `answered_any`). A finished slot answers a packet only
   // for an attempt it has not answered yet: a recorded packet replayed (whatever its source) draws
@@ -816,6 +820,24 @@ Handled Engine::on_stats(const Header& h, const uint8_t* data, size_t len, const
 }
 
 void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, bool subtract) {
+  if (sh.fresh) {
+    sh.fresh = false;
+    // Lanes [count, lanes) stay zero in the result (every packet of a slot has the same count).
+    const size_t used = static_cast<size_t>(h.count) * sh.rw, all = static_cast<size_t>(sh.lanes) * sh.rw;
+    if (all > used) std::memset(sh.reg + used, 0, all - used);
+    if (!subtract) {
+      switch (h.type) {
+        // MAX onto zeros is the value itself.
+        case MsgType::kDataValue: lanes::set_values(sh.reg, sh.rw, pl, h.count); return;
+        case MsgType::kDataMax: lanes::set_values(sh.reg, 4, pl, h.count); return;
+        case MsgType::kDataIndex:
+          lanes::set_lookup(sh.reg, sh.rw, pl, h.count, h.bits, j.tables[h.aux].values);
+          return;
+        default: break;
+      }
+    }
+    std::memset(sh.reg, 0, used);
+  }
   switch (h.type) {
     case MsgType::kDataValue: lanes::add_values(sh.reg, sh.rw, pl, h.count, subtract); break;
     case MsgType::kDataIndex:
@@ -830,6 +852,10 @@ void Engine::accumulate(Job& j, Shadow& sh, const Header& h, const uint8_t* pl, 
 
 void Engine::send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out) {
   Shadow& sh = j.sh(idx);
+  if (sh.fresh) {
+    sh.fresh = false;
+    std::memset(sh.reg, 0, static_cast<size_t>(sh.lanes) * sh.rw);
+  }
   to_mask &= j.joined;
   to_mask &= sh.seen;  // an attempt is answered, and only one a worker sent
   for (uint64_t m = to_mask; m; m &= m - 1) {
@@ -1113,7 +1139,7 @@ Handled Engine::on_data(const Header& h, const uint8_t* data, size_t len, const 
     sh.state = kOpen;
     sh.rw = static_cast<uint8_t>(h.type == MsgType::kDataMax ? 4 : proto::wire_int_bytes(h.enc));
     sh.answered_any = 0;
-    std::memset(sh.reg, 0, static_cast<size_t>(h.lanes) * sh.rw);
+    sh.fresh = true;
     j.open.push_back(OpenRef{idx, h.seq});
   }
   if (sh.op != h.op || sh.type != h.type || sh.enc != h.enc || sh.bits != h.bits || sh.count != h.count ||

@@ -20,8 +20,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // a block, so the packed bytes are first spread so that block b holds bytes 8b..8b+7 and
 // N/2+8b..N/2+8b+7 (one 64-bit lane permute): the two interleaves then give elements 0..N-1 and
 // N..2N-1 in order.
-void Lookup4U8Impl(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count,
-                   const uint8_t* HWY_RESTRICT t8) {
+// kSet: regs[i] = t8[index i] (the first contribution: the registers are not read).
+template <bool kSet>
+HWY_INLINE void Lookup4U8(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count,
+                          const uint8_t* HWY_RESTRICT t8) {
   const hn::ScalableTag<uint8_t> d8;
   const size_t N = hn::Lanes(d8);
   int i = 0;
@@ -40,16 +42,29 @@ void Lookup4U8Impl(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, i
     const auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, p))), low);
     const auto a = hn::TableLookupBytes(tbl, hn::InterleaveLower(d8, lo, hi));
     const auto b = hn::TableLookupBytes(tbl, hn::InterleaveUpper(d8, lo, hi));
-    hn::StoreU(hn::Add(hn::LoadU(d8, regs + i), a), d8, regs + i);
-    hn::StoreU(hn::Add(hn::LoadU(d8, regs + i + N), b), d8, regs + i + N);
+    if constexpr (kSet) {
+      hn::StoreU(a, d8, regs + i);
+      hn::StoreU(b, d8, regs + i + N);
+    } else {
+      hn::StoreU(hn::Add(hn::LoadU(d8, regs + i), a), d8, regs + i);
+      hn::StoreU(hn::Add(hn::LoadU(d8, regs + i + N), b), d8, regs + i + N);
+    }
   }
 #else
   (void)N;
 #endif
   for (; i < count; ++i) {
     const uint32_t z = (pl[i / 2] >> ((i & 1) * 4)) & 0xF;
-    regs[i] = static_cast<uint8_t>(regs[i] + t8[z]);
+    regs[i] = kSet ? t8[z] : static_cast<uint8_t>(regs[i] + t8[z]);
   }
+}
+void Lookup4U8Impl(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count,
+                   const uint8_t* HWY_RESTRICT t8) {
+  Lookup4U8<false>(regs, pl, count, t8);
+}
+void Lookup4U8SetImpl(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count,
+                      const uint8_t* HWY_RESTRICT t8) {
+  Lookup4U8<true>(regs, pl, count, t8);
 }
 
 }  // namespace thc::switch_offload::lanes::HWY_NAMESPACE
@@ -59,6 +74,7 @@ HWY_AFTER_NAMESPACE();
 namespace thc::switch_offload::lanes {
 
 HWY_EXPORT(Lookup4U8Impl);
+HWY_EXPORT(Lookup4U8SetImpl);
 
 namespace {
 
@@ -73,7 +89,7 @@ void store_reg(uint8_t* r, int i, T v) {
   std::memcpy(r + static_cast<size_t>(i) * sizeof(T), &v, sizeof(T));
 }
 
-template <typename T>
+template <typename T, bool kSet = false>
 void lookup_scalar(uint8_t* regs, const uint8_t* pl, int count, int bits, const int32_t* table, bool subtract) {
   T t[256];
   const int n = 1 << bits;
@@ -91,13 +107,13 @@ void lookup_scalar(uint8_t* regs, const uint8_t* pl, int count, int bits, const 
     std::memcpy(&w, pl + static_cast<size_t>(i / 8) * static_cast<size_t>(bits), static_cast<size_t>(bits));
     for (int k = 0; k < 8; ++k) {
       const uint32_t z = static_cast<uint32_t>(w >> (k * bits)) & mask;
-      store_reg<T>(regs, i + k, static_cast<T>(load_reg<T>(regs, i + k) + t[z]));
+      store_reg<T>(regs, i + k, kSet ? t[z] : static_cast<T>(load_reg<T>(regs, i + k) + t[z]));
     }
   }
 #endif
   for (; i < count; ++i) {
     const uint32_t z = proto::get_index(pl, static_cast<uint64_t>(i), bits);
-    store_reg<T>(regs, i, static_cast<T>(load_reg<T>(regs, i) + t[z]));
+    store_reg<T>(regs, i, kSet ? t[z] : static_cast<T>(load_reg<T>(regs, i) + t[z]));
   }
 }
 
@@ -139,6 +155,27 @@ void add_lookup(uint8_t* regs, int w, const uint8_t* pl, int count, int bits, co
   if (w == 1) return lookup_scalar<uint8_t>(regs, pl, count, bits, table, subtract);
   if (w == 2) return lookup_scalar<uint16_t>(regs, pl, count, bits, table, subtract);
   lookup_scalar<uint32_t>(regs, pl, count, bits, table, subtract);
+}
+
+void set_values(uint8_t* regs, int w, const uint8_t* pl, int count) {
+  if (w == 1) {
+    std::memcpy(regs, pl, static_cast<size_t>(count));
+  } else if (w == 2) {
+    for (int i = 0; i < count; ++i) store_reg<uint16_t>(regs, i, static_cast<uint16_t>((pl[2 * i] << 8) | pl[2 * i + 1]));
+  } else {
+    for (int i = 0; i < count; ++i) store_reg<uint32_t>(regs, i, proto::load_be32(pl + 4 * i));
+  }
+}
+
+void set_lookup(uint8_t* regs, int w, const uint8_t* pl, int count, int bits, const int32_t* table) {
+  if (w == 1 && bits == 4) {
+    alignas(16) uint8_t t8[16];
+    for (int z = 0; z < 16; ++z) t8[z] = static_cast<uint8_t>(static_cast<uint32_t>(table[z]));
+    return HWY_DYNAMIC_DISPATCH(Lookup4U8SetImpl)(regs, pl, count, t8);
+  }
+  if (w == 1) return lookup_scalar<uint8_t, true>(regs, pl, count, bits, table, false);
+  if (w == 2) return lookup_scalar<uint16_t, true>(regs, pl, count, bits, table, false);
+  lookup_scalar<uint32_t, true>(regs, pl, count, bits, table, false);
 }
 
 void max_u32(uint8_t* regs, const uint8_t* pl, int count) {

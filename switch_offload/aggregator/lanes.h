@@ -16,6 +16,12 @@ void add_values(uint8_t* regs, int w, const uint8_t* payload, int count, bool su
 // indices of payload (LSB first, protocol/README.md), i < count.
 void add_lookup(uint8_t* regs, int w, const uint8_t* payload, int count, int bits, const int32_t* table,
                 bool subtract);
+// The first contribution to registers that hold nothing yet: regs[i] = value i (add_values onto
+// zeros), regs[i] = table[index i] (add_lookup onto zeros), without reading the registers (a
+// slot's registers are mostly out of cache when it opens: writing them once saves zeroing them
+// and reading them back).
+void set_values(uint8_t* regs, int w, const uint8_t* payload, int count);
+void set_lookup(uint8_t* regs, int w, const uint8_t* payload, int count, int bits, const int32_t* table);
 // regs[i] = max(regs[i], u32 big-endian lane i) (w = 4).
 void max_u32(uint8_t* regs, const uint8_t* payload, int count);
 // Write lanes [0, count) of the registers as big-endian w-byte values into out.

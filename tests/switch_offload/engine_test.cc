@@ -407,6 +407,51 @@ TEST_F(EngineTest, ShadowSetIsReusedOnlyAfterEveryWorkerMovedOn) {
   EXPECT_EQ(drops(Drop::kBadSlot), 2u);
 }
 
+// A shadow set's next use starts from nothing: its first contribution overwrites the registers
+// (no zeroing pass), lanes past a shorter packet's count are zero, for every packet form.
+TEST_F(EngineTest, AReusedShadowSetStartsFromNothing) {
+  JobId j = job(9, 2);
+  TableSpec t;
+  t.id = 0;
+  t.bits = 4;
+  t.sum = WireInt::kU8;
+  for (int z = 0; z < 16; ++z) t.values[z] = 3 * z + 1;
+  join_all(&j, 2, 1, 0, &t);  // one slot: seq 0 and 2 share shadow 0
+  std::mt19937 rng(3);
+  for (int form = 0; form < 3; ++form) {
+    const uint64_t base = static_cast<uint64_t>(form) * 4;  // seqs base .. base + 3
+    for (uint64_t k = 0; k < 4; ++k) {
+      const uint64_t seq = base + k;
+      // Full packets first, then a short one on the same shadow set as a full one.
+      const int count = k < 2 ? 256 : 37;
+      std::vector<std::vector<uint32_t>> v(2, std::vector<uint32_t>(static_cast<size_t>(count)));
+      for (auto& w : v)
+        for (auto& x : w) x = form == 2 ? rng() & 0xF : rng();
+      for (uint16_t w = 0; w < 2; ++w) {
+        if (form == 0) {
+          feed(w, make_values(j, w, 1, seq, static_cast<uint32_t>(seq), WireInt::kU16, v[w]));
+        } else if (form == 1) {
+          feed(w, make_values(j, w, 1, seq, static_cast<uint32_t>(seq), WireInt::kU32, v[w], MsgType::kDataMax));
+        } else {
+          std::vector<uint8_t> codes(v[w].begin(), v[w].end());
+          feed(w, make_indices(j, w, 1, seq, static_cast<uint32_t>(seq), WireInt::kU8, 4, 0, codes));
+        }
+      }
+      const auto r = of_type(sink.take(), MsgType::kResult);
+      ASSERT_EQ(r.size(), 2u) << "form " << form << " seq " << seq;
+      const WireInt e = form == 0 ? WireInt::kU16 : form == 1 ? WireInt::kU32 : WireInt::kU8;
+      for (int i = 0; i < r[0].h.lanes; ++i) {
+        uint32_t want = 0;
+        if (i < count) {
+          const uint32_t a = v[0][i], b = v[1][i];
+          want = form == 0 ? (a + b) & 0xFFFF : form == 1 ? std::max(a, b) : (t.values[a] + t.values[b]) & 0xFF;
+        }
+        ASSERT_EQ(load_lane(e, r[0].payload.data(), i), want) << "form " << form << " seq " << seq << " lane " << i;
+      }
+    }
+  }
+}
+
 TEST_F(EngineTest, QuorumTimeoutGivesPartialResultAndTheViewGoesOn) {
   JobId j = job(9, 3);
   join_all(&j, 2, 8, 1000);

@@ -65,6 +65,35 @@ TEST(AggregatorLanes, LookupMatchesTheModelForEveryWidth) {
   });
 }
 
+// The first contribution written (set_*) equals it added onto zeros, whatever the registers held
+// before; registers past the count untouched.
+TEST(AggregatorLanes, SetIsAddOntoZeros) {
+  for_each_target([] {
+  std::mt19937 rng(13);
+  for (int w : {1, 2, 4})
+    for (int bits = 0; bits <= 8; ++bits)  // 0: set_values
+      for (int count : {1, 7, 31, 32, 33, 64, 127, 128, 129, 257, 1407, 1408, 2816}) {
+        std::vector<int32_t> table(256);
+        for (auto& t : table) t = static_cast<int32_t>(rng()) >> (rng() % 24);
+        const size_t plen = bits ? static_cast<size_t>(count) * bits / 8 + 8 : static_cast<size_t>(count) * w;
+        std::vector<uint8_t> pl(plen);
+        for (auto& b : pl) b = static_cast<uint8_t>(rng());
+        std::vector<uint8_t> want(static_cast<size_t>(count) * w + 16, 0), got(want.size());
+        for (auto& b : got) b = static_cast<uint8_t>(rng());  // stale bytes of an earlier use
+        std::fill(want.begin() + static_cast<long>(count) * w, want.end(), 0);
+        std::copy(got.begin() + static_cast<long>(count) * w, got.end(), want.begin() + static_cast<long>(count) * w);
+        if (bits) {
+          lanes::add_lookup(want.data(), w, pl.data(), count, bits, table.data(), false);
+          lanes::set_lookup(got.data(), w, pl.data(), count, bits, table.data());
+        } else {
+          lanes::add_values(want.data(), w, pl.data(), count, false);
+          lanes::set_values(got.data(), w, pl.data(), count);
+        }
+        ASSERT_EQ(got, want) << "w=" << w << " b=" << bits << " count=" << count;
+      }
+  });
+}
+
 TEST(AggregatorLanes, ValuesMaxAndStore) {
   std::mt19937 rng(5);
   for (int w : {1, 2, 4})

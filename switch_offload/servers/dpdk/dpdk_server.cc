@@ -1,4 +1,5 @@
 #include "switch_offload/servers/dpdk/dpdk_server.h"
+#include "switch_offload/servers/dpdk/burst.h"
 #include "switch_offload/protocol/wire.h"
 
 #include <arpa/inet.h>
@@ -93,9 +94,10 @@ struct DpdkServer::Lane {
   DpdkServer* srv = nullptr;
   Stats stats;
   std::unique_ptr<Engine> engine;
-  std::unordered_map<uint32_t, frames::Mac> macs;  // peer IPv4 -> the MAC its frames came from
+  PeerMacs macs{kMaxMacs};  // peer IPv4 -> the MAC its frames came from (burst.h)
+  BurstScratch scratch;
   std::unique_ptr<TxSink> sink;
-  Counter tx_frames, tx_full, tx_no_mac, tx_nombuf, tx_too_big, mac_table_resets;
+  Counter tx_frames, tx_full, tx_no_mac, tx_nombuf, tx_too_big;
 };
 
 void DpdkServer::TxSink::send(const PeerAddr& to, const uint8_t* data, size_t len) {
@@ -106,8 +108,8 @@ void DpdkServer::TxSink::send(const PeerAddr& to, const uint8_t* data, size_t le
   }
   const auto* a = reinterpret_cast<const sockaddr_in*>(&to.ss);
   const uint32_t ip = ntohl(a->sin_addr.s_addr);
-  const auto it = l.macs.find(ip);
-  if (it == l.macs.end()) {  // table was reset since the peer's last frame: its retransmission relearns it
+  const frames::Mac* mac = l.macs.find(ip);
+  if (mac == nullptr) {  // table was reset since the peer's last frame: its retransmission relearns it
     l.tx_no_mac.add();
     return;
   }
@@ -117,7 +119,7 @@ void DpdkServer::TxSink::send(const PeerAddr& to, const uint8_t* data, size_t le
     return;
   }
   uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
-  const size_t n = frames::build_udp_frame(srv_->local_, it->second, ip, ntohs(a->sin_port), data, len, p,
+  const size_t n = frames::build_udp_frame(srv_->local_, *mac, ip, ntohs(a->sin_port), data, len, p,
                                            rte_pktmbuf_tailroom(m), srv_->opt_.tx_udp_checksum);
   if (n == 0) {
     rte_pktmbuf_free(m);
@@ -346,7 +348,7 @@ std::vector<std::pair<std::string, uint64_t>> DpdkServer::port_counters() const 
     no_mac += l->tx_no_mac.get();
     nombuf += l->tx_nombuf.get();
     too_big += l->tx_too_big.get();
-    resets += l->mac_table_resets.get();
+    resets += l->macs.resets();
   }
   c.emplace_back("tx_frames", tx);
   c.emplace_back("tx_full", full);
@@ -412,41 +414,15 @@ void DpdkServer::idle(unsigned* idle_polls) const {
 }
 
 void DpdkServer::process(Lane& l, rte_mbuf** pkts, unsigned n, uint64_t now) {
+  RxDatagram in[kBurst];
   for (unsigned i = 0; i < n; ++i) {
-    rte_mbuf* m = pkts[i];
-    const frames::Classified c = frames::accepted_udp(rte_pktmbuf_mtod(m, const uint8_t*), rte_pktmbuf_data_len(m));
-    PeerAddr from;
-    auto* sa = reinterpret_cast<sockaddr_in*>(&from.ss);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons(c.peer_port);
-    sa->sin_addr.s_addr = htonl(c.peer_ip);
-    from.len = sizeof(sockaddr_in);
-    // Learn the peer's MAC before the engine answers (the reply needs it), but keep it only if the
-    // datagram authenticated, and move a known address to a new MAC only for a JOIN that passed
-    // the address cookie: a recorded datagram replayed from another station (authentic, but not
-    // proof of who sends it) never redirects a worker's results. Other datagrams from a known
-    // address are answered at the MAC already learned.
-    const bool is_join = c.payload_len > 5 && c.payload[5] == static_cast<uint8_t>(proto::MsgType::kJoin);
-    auto [it, inserted] = l.macs.try_emplace(c.peer_ip, c.peer_mac);
-    const frames::Mac previous = it->second;
-    const bool moved = !inserted && is_join && previous != c.peer_mac;
-    if (moved) it->second = c.peer_mac;  // the CHALLENGE / JOIN_ACK go to the joining station
-    if (inserted && l.macs.size() > kMaxMacs) {
-      // A flood of verified source addresses: start over rather than grow without bound. Peers
-      // of live jobs are relearned from their next frame.
-      l.macs.clear();
-      l.macs.emplace(c.peer_ip, c.peer_mac);
-      l.mac_table_resets.add();
-    }
-    const Handled r = l.engine->handle(c.payload, c.payload_len, from, now, *l.sink);
-    if (r == Handled::kDropped && inserted) {
-      l.macs.erase(c.peer_ip);
-    } else if (moved && r != Handled::kJoined) {
-      auto again = l.macs.find(c.peer_ip);
-      if (again != l.macs.end()) again->second = previous;
-    }
-    rte_pktmbuf_free(m);
+    const frames::Classified c =
+        frames::accepted_udp(rte_pktmbuf_mtod(pkts[i], const uint8_t*), rte_pktmbuf_data_len(pkts[i]));
+    in[i] = RxDatagram{c.payload, c.payload_len, c.peer_ip, c.peer_port, c.peer_mac};
   }
+  // The burst's data packets through Engine::handle_batch, under the learning rules (burst.h).
+  handle_burst(*l.engine, l.macs, in, n, now, *l.sink, true, l.scratch);
+  rte_pktmbuf_free_bulk(pkts, n);
 }
 
 int DpdkServer::lane_main(void* arg) {
