@@ -422,14 +422,20 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   const uint64_t nb = lay.nblocks;
   std::vector<uint32_t> pre(nb + kPreludeCheck, 0);
   bool finite = true;
-  for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
-    const uint64_t first = b0 * B;
-    const uint64_t m = std::min<uint64_t>(count - first, chunk_blocks * B);
-    const float* xp = sendf ? sendf + first : xbuf.data();
-    if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
-    std::vector<float> st(std::min(chunk_blocks, nb - b0));
-    finite &= host_->prelude(cod, xp, m, st.data());
-    for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
+  // By the pipeline's chunks: xbuf holds the largest, which may be smaller than chunk_blocks.
+  {
+    uint64_t b0 = 0;
+    std::vector<float> st;
+    for (const uint64_t run : runs) {
+      const uint64_t first = b0 * B;
+      const uint64_t m = std::min<uint64_t>(count - first, run * B);
+      const float* xp = sendf ? sendf + first : xbuf.data();
+      if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
+      st.resize(run);
+      finite &= host_->prelude(cod, xp, m, st.data());
+      for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
+      b0 += run;
+    }
   }
   codec::CallRng rng = plan.rng;
   rng.round = exchange_prelude(plan, pre.data(), finite);

@@ -220,9 +220,11 @@ TEST(Engine, ChunkingDoesNotChangeResults) {
   const size_t count = 1024 * 41 + 999;  // 42 blocks: ramps up and down at one block per chunk
   for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
     for (int algo = 1; algo <= 2; ++algo) {
-      std::vector<float> res[3];
+      std::vector<float> res[4];
       int k = 0;
-      for (int64_t chunk : {int64_t{4 * 1024}, int64_t{4 * 1024 * 3}, int64_t{4 * 1024 * 64}}) {
+      // 1 and 3 blocks: ramps; 40: two chunks of 21 blocks, smaller than the configured chunk
+      // (the prelude still reads by THC_CHUNK_BYTES); 64: one chunk.
+      for (int64_t chunk : {int64_t{4 * 1024}, int64_t{4 * 1024 * 3}, int64_t{4 * 1024 * 40}, int64_t{4 * 1024 * 64}}) {
         thc_config_t cfg = base_config();
         cfg.algo = algo;
         cfg.chunk_bytes = chunk;
@@ -241,7 +243,7 @@ TEST(Engine, ChunkingDoesNotChangeResults) {
         for (int r = 0; r < n; ++r) ASSERT_EQ(st[r], THC_SUCCESS) << thc_last_error();
         res[k++] = out[2];
       }
-      for (int i = 1; i < 3; ++i)
+      for (int i = 1; i < 4; ++i)
         EXPECT_EQ(0, std::memcmp(res[0].data(), res[i].data(), res[0].size() * sizeof(float)))
             << "scheme " << scheme << " algo " << algo << " chunking " << i;
     }
