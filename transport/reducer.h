@@ -115,6 +115,9 @@ class Reducer {
   // own (Request::lent_sums): a result that the transport received in its own buffers (it must
   // own every buffer a peer may still write after a failure) is then not copied again.
   virtual bool lends_sums() const { return false; }
+  // How many times THC_CHUNK_BYTES the engine may make the chunks in the middle of a long
+  // allreduce (engine::chunk_runs; its first and last chunks keep THC_CHUNK_BYTES). 1: never.
+  virtual uint64_t chunk_growth() const { return 1; }
   // Whether start_lookup_sum is this backend's native path (parameter server, switch) or only an
   // emulation; the engine's "auto" algorithm choice asks this.
   virtual bool prefers_index_form() const { return false; }

@@ -406,8 +406,10 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   const float* efr = ef ? ef->residual.data() : nullptr;
 
   const uint64_t chunk_blocks = plan.chunk_blocks;
-  const uint64_t chunk_elems = chunk_blocks * B;
-  const uint64_t buf_elems = std::min<uint64_t>(chunk_elems, lay.nblocks * B);
+  // The pipeline's chunks (larger in the middle of a long call where the backend asks for it).
+  const std::vector<uint64_t> runs = chunk_runs(lay.nblocks, chunk_blocks, reducer_->chunk_growth());
+  const uint64_t max_run = runs.empty() ? chunk_blocks : *std::max_element(runs.begin(), runs.end());
+  const uint64_t buf_elems = std::min<uint64_t>(max_run * B, lay.nblocks * B);
   // float32 without error feedback: the codec reads the caller's buffer and decodes straight into
   // the result (the codec touches only a block's real elements), three passes over the data fewer
   // than staging every chunk (the ranks of a host share its cores and its memory bandwidth). The
@@ -420,14 +422,20 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   const uint64_t nb = lay.nblocks;
   std::vector<uint32_t> pre(nb + kPreludeCheck, 0);
   bool finite = true;
-  for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
-    const uint64_t first = b0 * B;
-    const uint64_t m = std::min<uint64_t>(count - first, chunk_blocks * B);
-    const float* xp = sendf ? sendf + first : xbuf.data();
-    if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
-    std::vector<float> st(std::min(chunk_blocks, nb - b0));
-    finite &= host_->prelude(cod, xp, m, st.data());
-    for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
+  // By the pipeline's chunks: xbuf holds the largest, which may be smaller than chunk_blocks.
+  {
+    uint64_t b0 = 0;
+    std::vector<float> st;
+    for (const uint64_t run : runs) {
+      const uint64_t first = b0 * B;
+      const uint64_t m = std::min<uint64_t>(count - first, run * B);
+      const float* xp = sendf ? sendf + first : xbuf.data();
+      if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
+      st.resize(run);
+      finite &= host_->prelude(cod, xp, m, st.data());
+      for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
+      b0 += run;
+    }
   }
   codec::CallRng rng = plan.rng;
   rng.round = exchange_prelude(plan, pre.data(), finite);
@@ -448,7 +456,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     uint64_t b0 = 0, nblk = 0;
   };
   Slot slots[2];
-  const uint64_t max_wire = chunk_blocks * B;
+  const uint64_t max_wire = max_run * B;
   // Staging kept by the communicator (stage_), grown to the chunk: allocated and zero-filled per
   // call it cost page faults every call.
   auto stage = [this](size_t i, size_t bytes) {
@@ -523,10 +531,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   int cur = 0;
   Slot* pending = nullptr;
   try {
-    for (uint64_t b0 = 0; b0 < nb; b0 += chunk_blocks) {
+    uint64_t b0 = 0;
+    for (const uint64_t run : runs) {
       Slot& s = slots[cur];
       s.b0 = b0;
-      s.nblk = std::min(chunk_blocks, nb - b0);
+      s.nblk = run;
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
       const float* xin = sendf ? sendf + first : s.x.data();
@@ -554,6 +563,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       if (pending) finish(*pending, &s);
       pending = &s;
       cur ^= 1;
+      b0 += run;
     }
     if (pending) finish(*pending, nullptr);
   } catch (const Error& e) {

@@ -171,7 +171,8 @@ class Engine {
 
   void allreduce_host(const CallPlan& plan, const void* send, void* recv, ErrorFeedback* ef);
   // allreduce_host's packed codes and sums of its two chunks in flight, kept across calls (one
-  // call at a time per communicator): at most 2 * THC_CHUNK_BYTES * (sum width / 4 + bits / 32).
+  // call at a time per communicator): at most 2 * THC_CHUNK_BYTES * chunk growth (the reducer's,
+  // chunk_runs) * (sum width / 4 + bits / 32).
   std::vector<uint8_t> stage_[4];
   // The exchange that names every rank a failure concerns (agreement.h name_ranks), or null.
   std::function<void(uint32_t*, size_t)> naming_exchange();

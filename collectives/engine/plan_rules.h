@@ -5,6 +5,7 @@
 // no codec, transport or CUDA types.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace thc::engine {
 
@@ -14,6 +15,38 @@ inline uint64_t digest_mix(uint64_t h, uint64_t v) { return h ^ (v + 0x9E3779B97
 // Blocks per pipelined chunk: THC_CHUNK_BYTES of float32 input, at least one block.
 inline uint64_t chunk_blocks_for(int64_t chunk_bytes, uint64_t block) {
   return std::max<uint64_t>(1, static_cast<uint64_t>(std::max<int64_t>(chunk_bytes, 4)) / 4 / block);
+}
+
+// The chunks of a call of nb blocks, in blocks, in order. growth <= 1: chunks of chunk_blocks
+// (the last one shorter). growth > 1: the pipeline starts and ends with chunks of chunk_blocks,
+// doubling from either end up to growth * chunk_blocks in between, so the transfers in the middle
+// of a long call are larger (a backend that pays per message, Open MPI over TCP, pays less) while
+// filling and draining the pipeline costs what a chunk of chunk_blocks costs. Middle chunks are
+// of equal size. Every rank derives the same chunks from the same (nb, chunk_blocks, growth).
+inline std::vector<uint64_t> chunk_runs(uint64_t nb, uint64_t chunk_blocks, uint64_t growth) {
+  std::vector<uint64_t> out;
+  const uint64_t c = std::max<uint64_t>(1, chunk_blocks);
+  if (growth <= 1) {
+    for (uint64_t b = 0; b < nb; b += c) out.push_back(std::min(c, nb - b));
+    return out;
+  }
+  const uint64_t top = c * growth;
+  std::vector<uint64_t> head;
+  uint64_t left = nb, sz = c;
+  // A pair of ramp chunks (one at each end) while blocks remain between them.
+  while (sz < top && left > 2 * sz) {
+    head.push_back(sz);
+    left -= 2 * sz;
+    sz = std::min(2 * sz, top);
+  }
+  out = head;
+  if (left > 0) {
+    const uint64_t parts = (left + sz - 1) / sz;
+    const uint64_t each = (left + parts - 1) / parts;
+    for (uint64_t r = left; r > 0; r -= std::min(each, r)) out.push_back(std::min(each, r));
+  }
+  out.insert(out.end(), head.rbegin(), head.rend());
+  return out;
 }
 
 // THC_ALGO=auto on a bandwidth-bound link: per element and rank, a ring allreduce of the values

@@ -68,10 +68,17 @@ struct Piece {
   uint64_t first = 0, count = 0;
 };
 
-// Cuts [begin, end) into pieces of at most `pe` elements.
-std::vector<Piece> cut(uint64_t begin, uint64_t end, uint64_t pe) {
+// Cuts [begin, end) into pieces of at most `pe` elements, as few as that allows and of equal
+// size (multiples of `unit`, but for the last): a range just over the limit becomes two halves,
+// not a full piece and a sliver (each message costs the transport about the same whatever its
+// size: a write, a wake-up of the receiver).
+std::vector<Piece> cut(uint64_t begin, uint64_t end, uint64_t pe, uint64_t unit = 1) {
   std::vector<Piece> v;
-  for (uint64_t f = begin; f < end; f += pe) v.push_back(Piece{f, std::min(pe, end - f)});
+  if (end <= begin) return v;
+  const uint64_t len = end - begin;
+  const uint64_t np = (len + pe - 1) / pe;
+  const uint64_t each = std::min(pe, ((len + np - 1) / np + unit - 1) / unit * unit);
+  for (uint64_t f = begin; f < end; f += each) v.push_back(Piece{f, std::min(each, end - f)});
   return v;
 }
 
@@ -314,7 +321,7 @@ class PsSum final : public Sched {
     enc_off_.resize(n_);
     uint64_t enc_total = 0;
     for (int q = 0; q < n_; ++q) {
-      pieces_[q] = cut(off_[q], off_[q + 1], pe);
+      pieces_[q] = cut(off_[q], off_[q + 1], pe, 8);
       for (const Piece& p : pieces_[q]) {
         enc_off_[q].push_back(enc_total);
         enc_total += down_ ? down_->encoded_bytes(p.count) : p.count * w_;
@@ -711,6 +718,7 @@ class ScheduledReducer final : public Reducer {
   std::string name() const override { return sh_->link->name(); }
   bool applies_downstream() const override { return true; }
   bool lends_sums() const override { return true; }
+  uint64_t chunk_growth() const override { return sh_->opt.chunk_growth; }
 
   void max_u32(uint32_t* data, size_t n) override {
     sh_->check_usable();

@@ -42,6 +42,12 @@ struct ScheduleOptions {
   uint64_t piece_bytes = 256 * 1024;
   // Sends in flight per operation (pairwise order: one or two peers at a time).
   int send_window = 4;
+  // Reducer::chunk_growth: operations in the middle of a long call up to this many times
+  // THC_CHUNK_BYTES. Every message costs Open MPI over TCP about the same CPU whatever its size
+  // (a write, the receiver's wake-ups; a rendezvous above its 64 KB eager limit adds a handshake
+  // and a small tail fragment): at 1 MB chunks and 4 ranks, a shard's 8-bit sums are 64 KB, and
+  // the testbed's ranks spent ~15 % of their CPU on those messages (README, CPU per call).
+  uint64_t chunk_growth = 4;
 };
 
 std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt = {});

@@ -211,6 +211,45 @@ TEST(Engine, CodecThreadsDoNotChangeResults) {
   thc_inproc_group_destroy(g);
 }
 
+// The pipeline's chunks (THC_CHUNK_BYTES, and their growth in the middle of a long call on the
+// point-to-point schedules) only cut the call into transfers: the bits of the result are those of
+// one chunk, for every algorithm, with error feedback over several calls.
+TEST(Engine, ChunkingDoesNotChangeResults) {
+  const int n = 3;
+  const int calls = 2;
+  const size_t count = 1024 * 41 + 999;  // 42 blocks: ramps up and down at one block per chunk
+  for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
+    for (int algo = 1; algo <= 2; ++algo) {
+      std::vector<float> res[4];
+      int k = 0;
+      // 1 and 3 blocks: ramps; 40: two chunks of 21 blocks, smaller than the configured chunk
+      // (the prelude still reads by THC_CHUNK_BYTES); 64: one chunk.
+      for (int64_t chunk : {int64_t{4 * 1024}, int64_t{4 * 1024 * 3}, int64_t{4 * 1024 * 40}, int64_t{4 * 1024 * 64}}) {
+        thc_config_t cfg = base_config();
+        cfg.algo = algo;
+        cfg.chunk_bytes = chunk;
+        std::vector<std::vector<float>> out(n);
+        auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+          auto in = gaussian(count, 90 + r);
+          out[r].resize(in.size());
+          thc_state_t ef;
+          thc_state_create(&ef);
+          thc_status_t s = THC_SUCCESS;
+          for (int c = 0; c < calls && s == THC_SUCCESS; ++c)
+            s = thc_allreduce_scheme(scheme, in.data(), out[r].data(), in.size(), THC_FLOAT32, THC_OP_SUM, comm, ef);
+          thc_state_destroy(ef);
+          return s;
+        });
+        for (int r = 0; r < n; ++r) ASSERT_EQ(st[r], THC_SUCCESS) << thc_last_error();
+        res[k++] = out[2];
+      }
+      for (int i = 1; i < 4; ++i)
+        EXPECT_EQ(0, std::memcmp(res[0].data(), res[i].data(), res[0].size() * sizeof(float)))
+            << "scheme " << scheme << " algo " << algo << " chunking " << i;
+    }
+  }
+}
+
 TEST(Engine, AllDtypes) {
   const int n = 2;
   const thc_config_t cfg = base_config();

@@ -4,12 +4,17 @@
 // downstream codec, two operations in flight, a missing peer and ranks that disagree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/codec/elem.h"
@@ -210,6 +215,75 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, Schedules, ::testing::Values(1, 2, 3, 4, 5,
 
 // A rank that never starts the operation: the others fail within the timeout, naming it, and
 // their communicator refuses what follows (the ranks are out of step).
+// A link that records the size of every message it sends, by tag (the PS's phases).
+class RecordingLink final : public thc::transport::Link {
+ public:
+  RecordingLink(std::unique_ptr<Link> in, std::vector<std::pair<uint32_t, size_t>>* sent)
+      : in_(std::move(in)), sent_(sent) {}
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  std::string name() const override { return in_->name(); }
+  long timeout_ms() const override { return in_->timeout_ms(); }
+  uint32_t tag_limit() const override { return in_->tag_limit(); }
+  void max_u32(uint32_t* data, size_t n) override { in_->max_u32(data, n); }
+  void isend(int peer, uint32_t tag, const void* buf, size_t bytes, Req* req) override {
+    sent_->emplace_back(tag, bytes);
+    in_->isend(peer, tag, buf, bytes, req);
+  }
+  void irecv(int peer, uint32_t tag, void* buf, size_t bytes, Req* req) override { in_->irecv(peer, tag, buf, bytes, req); }
+  int test_some(Req* reqs, int n, int* done) override { return in_->test_some(reqs, n, done); }
+  bool cancel(Req* req) override { return in_->cancel(req); }
+  void idle(uint64_t us) override { in_->idle(us); }
+
+ private:
+  std::unique_ptr<Link> in_;
+  std::vector<std::pair<uint32_t, size_t>>* sent_;
+};
+
+// A shard a little over piece_bytes goes as two halves, not a full piece and a sliver: each
+// message costs a transport like Open MPI over TCP about the same whatever its size.
+TEST(SchedulesPieces, AShardJustOverThePieceIsCutIntoEqualHalves) {
+  const int n = 2;
+  const uint64_t shard = 1008;  // elements per rank's shard (u8 sums: 1008 bytes)
+  const uint64_t count = n * shard;
+  ScheduleOptions opt;
+  opt.piece_bytes = 1000;
+  LookupTable table;
+  table.bits = 4;
+  for (int z = 0; z < 16; ++z) table.values.push_back(z);
+  std::vector<std::vector<std::pair<uint32_t, size_t>>> sent(n);
+  std::vector<std::vector<uint8_t>> sums(n, std::vector<uint8_t>(count));
+  auto g = thc::transport::make_inproc_group(n, 30000);
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto red = thc::transport::make_scheduled_reducer(
+            std::make_unique<RecordingLink>(thc::transport::make_inproc_link(g, r), &sent[r]), opt);
+        std::vector<uint8_t> packed(count / 2, static_cast<uint8_t>(r == 0 ? 0x11 : 0x33));
+        red->start_lookup_sum(packed.data(), count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
+      } catch (...) {
+        err[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  for (int r = 0; r < n; ++r) {
+    // Rank 0's codes are all 1, rank 1's all 3: every sum is 4.
+    for (uint64_t i = 0; i < count; ++i) ASSERT_EQ(sums[r][i], 4) << "rank " << r << " element " << i;
+    std::map<uint32_t, std::vector<size_t>> by_tag;
+    for (const auto& m : sent[r]) by_tag[m.first].push_back(m.second);
+    ASSERT_EQ(by_tag.size(), 2u) << "codes and sums";
+    for (const auto& [tag, sizes] : by_tag) {
+      const auto [lo, hi] = std::minmax_element(sizes.begin(), sizes.end());
+      EXPECT_LE(*hi, opt.piece_bytes) << "tag " << tag;
+      EXPECT_EQ(*lo, *hi) << "tag " << tag << ": " << sizes.size() << " messages of unequal sizes";
+    }
+  }
+}
+
 TEST(SchedulesFaults, AMissingPeerIsATimeoutNamingIt) {
   const int n = 3;
   std::vector<std::string> msg(n);
