@@ -322,16 +322,16 @@ Codec::BlockScale Codec::block_scale(float stat, uint64_t wire_elems) const {
   return s;
 }
 
-// idx or val may be null (that form is not needed). packed4 (THC with b = 4): the codes go there
-// packed, idx is scratch.
+// idx or val may be null (that form is not needed). packed (may be null): the block's codes go
+// there packed (pack_bits), idx is then scratch; THC with b = 4 and Cnat pack them as they round.
 void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t blk, float stat,
-                         const CallRng& rng, uint8_t* idx, uint8_t* packed4, int32_t* val, float* work) const {
+                         const CallRng& rng, uint8_t* idx, uint8_t* packed, int32_t* val, float* work) const {
   const BlockScale bs = block_scale(stat, wire);
   const rng::Stream own = rng.own();
   if (bs.zero) {
     // Every worker's block is zero; decode ignores the sums. Send the code of value 0.
     if (idx) std::memset(idx, 0, wire);
-    if (packed4) std::memset(packed4, 0, wire / 2);
+    if (packed) std::memset(packed, 0, (wire * static_cast<uint64_t>(bits_) + 7) / 8);
     if (val) std::memset(val, 0, wire * sizeof(int32_t));
     return;
   }
@@ -347,10 +347,11 @@ void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t
     // end the prefetch fetches nothing useful but does no harm) moves towards L2: the RHT's
     // first pass, which reads it, otherwise waits for memory while the rest of the encode leaves
     // it idle. Two blocks ahead rather than one: about 4 % faster on 64 MB (one or four: slower).
-    kern::thc_encode_block(x, elems, wire, -bs.exp, rng.shared(), blk, bs.enc, tb, own, work, idx, packed4, val,
-                           x + 2 * block());
+    kern::thc_encode_block(x, elems, wire, -bs.exp, rng.shared(), blk, bs.enc, tb, own, work, idx,
+                           bits_ == 4 ? packed : nullptr, val, x + 2 * block());
+    if (packed && bits_ != 4) pack_bits(idx, wire, bits_, packed);
   } else {
-    kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val);
+    kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val, packed);
   }
 }
 
@@ -378,9 +379,7 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
     const uint64_t m = lay.elems(blk), w = lay.wire(blk);
     const float* xb = x + k * B;
     uint8_t* const packed = out.packed ? out.packed + wire_off * bits_ / 8 : nullptr;
-    uint8_t* const packed4 = rotates() && bits_ == 4 ? packed : nullptr;  // packed by the rounding
-    encode_block(xb, m, w, blk, stats[k], rng, idx, packed4, val, work);
-    if (packed && !packed4) pack_bits(idx, w, bits_, packed);
+    encode_block(xb, m, w, blk, stats[k], rng, idx, packed, val, work);
     if (out.values) kern::store_values(sum_type_, out.values, wire_off, val, w);
     if (out.residual) {
       float* res = out.residual + k * B;

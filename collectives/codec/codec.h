@@ -163,7 +163,7 @@ class Codec {
 
  private:
   void encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t blk, float stat,
-                    const CallRng& rng, uint8_t* idx_scratch, uint8_t* packed4, int32_t* val_scratch,
+                    const CallRng& rng, uint8_t* idx_scratch, uint8_t* packed, int32_t* val_scratch,
                     float* work) const;
 
   Params params_;

@@ -61,8 +61,9 @@ void ThcQuantizeImpl(const float* work, uint64_t n, float enc, const kern::ThcTa
   kern::thc_quantize_scalar(work, n, enc, tb, own, blk, idx, val);
 }
 void NatQuantizeImpl(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
-                     uint64_t blk, uint8_t* idx, int32_t* val) {
+                     uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed) {
   kern::nat_quantize_scalar(x, n, e, enc, levels, bits, own, blk, idx, val);
+  if (packed) kern::pack_bits_scalar(idx, n, bits, packed);
 }
 void ThcDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
                     float* work) {
@@ -313,8 +314,55 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
   });
 }
 
+void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8_t* HWY_RESTRICT out);
+
+#if THC_HAVE_AVX512
+// Bit packing of codes still in registers (u32 lanes, codes < 2^b, b = 1..7), with the same
+// result as PackBitsImpl: the 64 codes of four vectors become bytes in element order (two
+// saturating packs interleave them per 128-bit lane in dwords of four; one dword permute
+// restores the order), then PackBitsImpl's multiply-adds and byte shuffle leave the 2b bytes of
+// each 128-bit lane at its start, and one u16 permute joins the four lanes into 8b contiguous
+// bytes, stored under a byte mask (nothing written past them).
+struct PackRegs {
+  __m512i mul1, mul2, lo32, sh, shuf, perm_d, perm_w;
+  __mmask64 keep;
+  uint64_t b;
+
+  explicit PackRegs(int bits) : b(static_cast<uint64_t>(bits)) {
+    mul1 = _mm512_set1_epi16(static_cast<short>((1 << bits) << 8 | 1));
+    mul2 = _mm512_set1_epi32((1 << (2 * bits)) << 16 | 1);
+    lo32 = _mm512_set1_epi64(0xFFFFFFFFll);
+    sh = _mm512_set1_epi64(4 * bits);
+    alignas(16) int8_t sel[16];
+    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
+    shuf = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    alignas(64) int32_t pd[16];
+    for (int o = 0; o < 16; ++o) pd[o] = 4 * (o % 4) + o / 4;  // dword 4 v + L <- 4 L + v
+    perm_d = _mm512_load_si512(pd);
+    alignas(64) int16_t pw[32];
+    for (int u = 0; u < 32; ++u) pw[u] = static_cast<int16_t>(u < 4 * bits ? 8 * (u / bits) + u % bits : 0);
+    perm_w = _mm512_load_si512(pw);
+    keep = (uint64_t{1} << (8 * bits)) - 1;
+  }
+  HWY_INLINE void Pack64(__m512i c0, __m512i c1, __m512i c2, __m512i c3, uint8_t* HWY_RESTRICT out) const {
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+    const __m512i c = _mm512_permutexvar_epi32(perm_d, bytes);
+    const __m512i d = _mm512_madd_epi16(_mm512_maddubs_epi16(mul1, c), mul2);
+    const __m512i q = _mm512_or_si512(_mm512_and_si512(d, lo32), _mm512_sllv_epi64(_mm512_srli_epi64(d, 32), sh));
+    const __m512i v = _mm512_permutexvar_epi16(perm_w, _mm512_shuffle_epi8(q, shuf));
+    _mm512_mask_storeu_epi8(out, keep, v);
+  }
+  // 128 codes (8 vectors) -> 16 b bytes at out.
+  HWY_INLINE void Pack128(const __m512i (&c)[8], uint8_t* HWY_RESTRICT out) const {
+    Pack64(c[0], c[1], c[2], c[3], out);
+    Pack64(c[4], c[5], c[6], c[7], out + 8 * b);
+  }
+};
+#endif
+
 void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, int levels, int bits,
-                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val) {
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val,
+                     uint8_t* HWY_RESTRICT packed) {
   const DF d;
   const DU du;
   const DI di;
@@ -368,7 +416,7 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     }
     if (idx) StoreCodes(hn::Or(hn::IfThenElseZero(s, sgn), level), idx + j);
   };
-  uint64_t i = 0;
+  uint64_t i = 0, i0 = 0;  // i0: codes before it are already in packed
 #if THC_HAVE_AVX512
   if (sizeof(hn::Vec<DF>{}.raw) == 64 && enc == 1.0f && e >= -127 && e <= 95) {
     // Cnat (no factor besides 2^e) on the input's bits: for r = |x| 2^e >= 1, i.e. |x| >= 2^-e
@@ -403,11 +451,25 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
         const __m512i mag = _mm512_sllv_epi32(one1, _mm512_mask_sub_epi32(_mm512_set1_epi32(32), _mm512_test_epi32_mask(level, level), level, one1));
         _mm512_storeu_si512(val + j, _mm512_mask_sub_epi32(mag, sm, _mm512_setzero_si512(), mag));
       }
-      if (idx) StoreCodes(hn::Vec<DI>{_mm512_mask_or_epi32(level, sm, level, sgn.raw)}, idx + j);
+      return _mm512_mask_or_epi32(level, sm, level, sgn.raw);
     };
+    if (packed && bits < 8) {
+      // The 128 codes of a step packed in registers (Pack128), not stored as bytes and packed
+      // by a second pass over them.
+      const PackRegs pr(bits);
+      for (; i + step <= n; i += step) {
+        __m512i c[8];
+        PhiloxRound16<true>(du, fam, pat, static_cast<uint32_t>(i / 8),
+                            [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { c[q] = one_bits(i + q * N, j); });
+        pr.Pack128(c, packed + i / 8 * static_cast<uint64_t>(bits));
+      }
+      i0 = i;
+    }
     for (; i + step <= n; i += step)
-      PhiloxRound16<true>(du, fam, pat, static_cast<uint32_t>(i / 8),
-                          [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one_bits(i + q * N, j); });
+      PhiloxRound16<true>(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE {
+        const __m512i code = one_bits(i + q * N, j);
+        if (idx) StoreCodes(hn::Vec<DI>{code}, idx + i + q * N);
+      });
   }
 #endif
   for (; i + step <= n; i += step)
@@ -421,6 +483,8 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     if (idx) idx[j] = z;
     if (val) val[j] = q;
   });
+  // What the fused loop left (i0 a multiple of 8: whole bytes of packed) from idx.
+  if (packed && i0 < n) PackBitsImpl(idx + i0, n - i0, bits, packed + i0 / 8 * static_cast<uint64_t>(bits));
 }
 // Typed integers -> float (static_cast semantics: exact below 2^24, round to nearest above).
 template <typename T>
@@ -780,8 +844,8 @@ void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb,
   HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val, prefetch);
 }
 void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val) {
-  HWY_DYNAMIC_DISPATCH(NatQuantizeImpl)(x, n, e, enc, levels, bits, own, blk, idx, val);
+                  uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed) {
+  HWY_DYNAMIC_DISPATCH(NatQuantizeImpl)(x, n, e, enc, levels, bits, own, blk, idx, val, packed);
 }
 void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
                  float* work) {

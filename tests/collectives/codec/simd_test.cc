@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <limits>
@@ -598,6 +599,43 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
             ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
             kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i3.data(), nullptr);  // codes only
             ASSERT_EQ(i3, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+          }
+        }
+      }
+    }
+  });
+}
+
+// nat_quantize with packed: the same bytes as the scalar codes packed by pack_bits_scalar, for
+// every width below 8 (the AVX-512 kernel packs 128 codes at a time in registers, the rest from
+// idx), codes with and without values, and nothing written past the packed bytes.
+TEST(SimdKernels, NatQuantizePackedMatchesScalarPack) {
+  for_each_target([&] {
+    for (Input kind : {Input::kGauss, Input::kMixed, Input::kPow2, Input::kZeros}) {
+      for (uint64_t n : {uint64_t{5}, uint64_t{128}, uint64_t{1000}, uint64_t{1024}, uint64_t{16384}, uint64_t{16389}}) {
+        const auto x = make_input(kind, n, 11);
+        for (int bits = 2; bits <= 8; ++bits) {
+          const int levels = std::min((1 << (bits - 1)) - 1, 30);  // values +-2^(level-1) fit in int32
+          for (int e : {-3, 0, 7}) {
+            for (bool with_val : {false, true}) {
+              const rng::Stream own{42, 3, 5};
+              std::vector<uint8_t> i1(n), i2(n);
+              std::vector<int32_t> v1(n), v2(n);
+              const uint64_t bytes = (n * static_cast<uint64_t>(bits) + 7) / 8;
+              std::vector<uint8_t> p1(bytes + 64, 0xA5), p2(bytes, 0);
+              kern::nat_quantize(x.data(), n, e, 1.0f, levels, bits, own, 9, i1.data(), with_val ? v1.data() : nullptr,
+                                 p1.data());
+              kern::nat_quantize_scalar(x.data(), n, e, 1.0f, levels, bits, own, 9, i2.data(), v2.data());
+              kern::pack_bits_scalar(i2.data(), n, bits, p2.data());
+              const std::string what = std::string(input_name(kind)) + " n " + std::to_string(n) + " bits " +
+                                       std::to_string(bits) + " e " + std::to_string(e) + " val " +
+                                       std::to_string(with_val);
+              ASSERT_EQ(std::vector<uint8_t>(p1.begin(), p1.begin() + bytes), p2) << what;
+              for (uint64_t k = bytes; k < p1.size(); ++k) ASSERT_EQ(p1[k], 0xA5) << what << " guard byte " << k;
+              if (with_val) {
+                ASSERT_EQ(v1, v2) << what;
+              }
+            }
           }
         }
       }
