@@ -25,6 +25,7 @@
 #include "collectives/engine/device.h"
 #include "collectives/engine/engine.h"
 #include "collectives/engine/device_pointer.h"
+#include "collectives/engine/plan_rules.h"
 #include "cuda/thc_cuda.h"
 
 namespace thc::cuda {
@@ -186,7 +187,6 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   const codec::Layout& lay = plan.lay;
   const uint64_t B = lay.block;
   const uint64_t nb = lay.nblocks;
-  const uint64_t cb = std::min(plan.chunk_blocks, nb);
   const uint64_t count = plan.count;
   const int n = eng.size();
   const bool ps = plan.algo == Algo::kPs;
@@ -194,6 +194,11 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   const size_t wsz = codec::int_size(st);
   const size_t esz = in_size(it);
   transport::Reducer& red = eng.reducer();
+  // The host path's chunks (engine::chunk_runs with the backend's growth): ranks passing host
+  // buffers and ranks passing device buffers take part in one call, so every rank must cut the
+  // call into the same chunks, or the backend's messages do not match.
+  const std::vector<uint64_t> runs = engine::chunk_runs(nb, plan.chunk_blocks, red.chunk_growth());
+  const uint64_t cb = runs.empty() ? 1 : *std::max_element(runs.begin(), runs.end());
   const bool partial = red.partial_results();
   red.set_part_granule(lay.block);
 
@@ -326,10 +331,13 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   uint64_t wire_total = 0;
   int pending = -1;
   int cur = 0;
-  for (uint64_t b0 = 0; b0 < nb; b0 += cb) {
+  uint64_t next_b0 = 0;
+  for (const uint64_t run : runs) {
+    const uint64_t b0 = next_b0;
+    next_b0 += run;
     Slot& s = slots[cur];
     s.b0 = b0;
-    s.nblk = std::min(cb, nb - b0);
+    s.nblk = run;
     s.wire = chunk_wire(b0, s.nblk);
     const uint64_t first = b0 * B;
     const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
