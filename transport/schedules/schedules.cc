@@ -1,6 +1,8 @@
 #include "transport/schedules/schedules.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -766,6 +768,17 @@ class ScheduledReducer final : public Reducer {
 };
 
 }  // namespace
+
+uint64_t default_chunk_growth() {
+  const char* v = std::getenv("THC_CHUNK_GROWTH");
+  if (!v || !*v) return 1;
+  char* end = nullptr;
+  errno = 0;
+  const long g = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || g < 1 || g > 64)
+    fail(Status::kInvalidArgument, std::string("THC_CHUNK_GROWTH=") + v + ": expected an integer from 1 to 64");
+  return static_cast<uint64_t>(g);
+}
 
 std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt) {
   return std::make_unique<ScheduledReducer>(std::move(link), opt);

@@ -37,6 +37,9 @@
 
 namespace thc::transport {
 
+// THC_CHUNK_GROWTH (1..64, default 1); anything else is an error naming the variable.
+uint64_t default_chunk_growth();
+
 struct ScheduleOptions {
   // Message size target: pieces carry about this many bytes of sums.
   uint64_t piece_bytes = 256 * 1024;
@@ -47,7 +50,9 @@ struct ScheduleOptions {
   // (a write, the receiver's wake-ups; a rendezvous above its 64 KB eager limit adds a handshake
   // and a small tail fragment): at 1 MB chunks and 4 ranks, a shard's 8-bit sums are 64 KB, and
   // the testbed's ranks spent ~15 % of their CPU on those messages (README, CPU per call).
-  uint64_t chunk_growth = 4;
+  // Default 1 (THC_CHUNK_GROWTH): growth 4 cut that CPU but made 4-32 MB PS calls up to 2x
+  // slower on an idle testbed (fewer chunks overlap less), so it is for CPU-bound hosts only.
+  uint64_t chunk_growth = default_chunk_growth();
 };
 
 std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt = {});

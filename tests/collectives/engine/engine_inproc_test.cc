@@ -218,6 +218,11 @@ TEST(Engine, ChunkingDoesNotChangeResults) {
   const int n = 3;
   const int calls = 2;
   const size_t count = 1024 * 41 + 999;  // 42 blocks: ramps up and down at one block per chunk
+  // THC_CHUNK_GROWTH=4: the chunks grow in the middle of the call (default 1: they do not).
+  struct GrowthEnv {
+    GrowthEnv() { setenv("THC_CHUNK_GROWTH", "4", 1); }
+    ~GrowthEnv() { unsetenv("THC_CHUNK_GROWTH"); }
+  } growth_env;
   for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
     for (int algo = 1; algo <= 2; ++algo) {
       std::vector<float> res[4];

@@ -456,3 +456,23 @@ TEST(LookupAdd, MatchesPerElementDefinition) {
     }
   }
 }
+
+// THC_CHUNK_GROWTH: unset or empty 1, 1..64 taken, anything else an error naming the variable.
+TEST(SchedulesOptions, ChunkGrowthFromTheEnvironment) {
+  unsetenv("THC_CHUNK_GROWTH");
+  EXPECT_EQ(thc::transport::default_chunk_growth(), 1u);
+  EXPECT_EQ(ScheduleOptions{}.chunk_growth, 1u);
+  setenv("THC_CHUNK_GROWTH", "4", 1);
+  EXPECT_EQ(thc::transport::default_chunk_growth(), 4u);
+  EXPECT_EQ(ScheduleOptions{}.chunk_growth, 4u);
+  for (const char* bad : {"0", "65", "-2", "4x", "x", "99999999999999999999"}) {
+    setenv("THC_CHUNK_GROWTH", bad, 1);
+    try {
+      (void)thc::transport::default_chunk_growth();
+      ADD_FAILURE() << "THC_CHUNK_GROWTH=" << bad << " was taken";
+    } catch (const thc::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("THC_CHUNK_GROWTH"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("THC_CHUNK_GROWTH");
+}
