@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/barrier.h"
 #include "nccl_plugin/abi.h"
 #include "switch_offload/protocol/auth.h"
 #include "tests/switch_offload/aggregator_process.h"
@@ -124,28 +125,7 @@ bool warned_since(size_t mark, const std::vector<const char*>& want) {
   return false;
 }
 
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    const uint64_t gen = gen_;
-    if (++waiting_ == n_) {
-      waiting_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lk, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_;
-  int waiting_ = 0;
-  uint64_t gen_ = 0;
-};
+using thc_test::Barrier;
 
 struct TypeDesc {
   const char* name;
@@ -464,13 +444,13 @@ void timing(Shared& s, int rank, void* h, void* d) {
   std::vector<double> tdev, thost;
   using Clock = std::chrono::steady_clock;
   for (int it = 0; it < s.opt.iters + 1; ++it) {  // the first of each is a warm-up
-    s.barrier->wait();
+    s.barrier->arrive_and_wait();
     auto t0 = Clock::now();
     void* req = nullptr;
     NCCL_OK(cn->iallreduce(d, ds.p, dr.p, count, ncclFloat32, ncclSum, dsm, drm, &req));
     NCCL_OK(wait_req(cn, req, nullptr));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    s.barrier->wait();
+    s.barrier->arrive_and_wait();
     t0 = Clock::now();
     CUDA_OK(cudaMemcpy(pin_s, ds.p, bytes, cudaMemcpyDeviceToHost));
     NCCL_OK(cn->iallreduce(h, pin_s, pin_r, count, ncclFloat32, ncclSum, hsm, hrm, &req));
@@ -510,7 +490,7 @@ void rank_main(Shared& s, int rank) {
     NCCL_OK(cn->listen(ctx, 0, handle.data(), &listen[k]));
     s.handles[k][static_cast<size_t>(rank)] = handle;
   }
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   void* comm[2] = {nullptr, nullptr};  // [0] host buffers, [1] device buffers
   for (int k = 0; k < 2; ++k) {
     std::vector<void*> hs;
@@ -523,14 +503,14 @@ void rank_main(Shared& s, int rank) {
   // Emulated device memory is host memory, so the engine's host path would give the same bits on
   // it: the device calls must be seen running kernels (a prelude, an encode and a decode each at
   // least), and host calls none.
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   const uint64_t grids0 = thc_emu::grids_run();
   const uint64_t calls0 = g_device_calls.load();
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
 #endif
   parity(s, rank, comm[0], comm[1]);
 #if defined(THC_CUDA_EMULATION)
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   if (rank == 0) {
     const uint64_t grids = thc_emu::grids_run() - grids0, calls = g_device_calls.load() - calls0;
     CHECK(grids >= 3 * calls, "%llu device calls ran only %llu kernels: did they take the host path?",
@@ -538,7 +518,7 @@ void rank_main(Shared& s, int rank) {
     say("  %llu device calls ran %llu emulated kernels", static_cast<unsigned long long>(calls),
         static_cast<unsigned long long>(grids));
   }
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   {
     // host buffers on both comms (the device comm too: it takes either): no kernel may run
     const uint64_t g1 = thc_emu::grids_run();
@@ -552,16 +532,16 @@ void rank_main(Shared& s, int rank) {
       NCCL_OK(wait_req(cn, req, nullptr));
     }
     CHECK(out[0] == out[1], "rank %d: host buffers on the two comms gave different bits", rank);
-    s.barrier->wait();
+    s.barrier->arrive_and_wait();
     CHECK(thc_emu::grids_run() == g1, "host buffers ran %llu emulated kernels",
           static_cast<unsigned long long>(thc_emu::grids_run() - g1));
-    s.barrier->wait();
+    s.barrier->arrive_and_wait();
   }
 #endif
   nonfinite(s, rank, comm[0], comm[1]);
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   if (rank == 0) refusals(s, comm[1]);
-  s.barrier->wait();
+  s.barrier->arrive_and_wait();
   // still in step after the refusals
   {
     const std::vector<uint8_t> in = encode_as(kTypes[0], input_values(rank, 4242, 5000));
