@@ -755,6 +755,7 @@ class ScheduledReducer final : public Reducer {
   bool applies_downstream() const override { return true; }
   bool lends_sums() const override { return true; }
   uint64_t chunk_growth() const override { return sh_->opt.chunk_growth; }
+  uint64_t eager_bytes() const override { return sh_->opt.eager_bytes; }
 
   void max_u32(uint32_t* data, size_t n) override {
     sh_->check_usable();
