@@ -288,9 +288,9 @@ std::unique_ptr<Link> make_mpi_link(MPI_Comm comm, long timeout_ms) {
 namespace {
 
 // Open MPI's TCP transport sends a message eagerly up to btl_tcp_eager_limit (64 KiB by default)
-// less ob1's header, and anything longer as a rendezvous; the PS's sums at 1 MB chunks and 4 ranks
-// are 64 KiB plus the codec's header (ScheduleOptions::eager_bytes). A constant, not the cvar:
-// every rank must cut alike, and a rank's MCA settings are its own; 256 bytes cover the header.
+// less ob1's header, and anything longer as a rendezvous (ScheduleOptions::eager_bytes,
+// Reducer::eager_bytes). A constant, not the cvar: every rank must cut alike, and a rank's MCA
+// settings are its own; 256 bytes cover the header.
 ScheduleOptions mpi_schedule_options() {
   ScheduleOptions opt;
   opt.eager_bytes = 65536 - 256;

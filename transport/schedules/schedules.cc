@@ -272,10 +272,11 @@ class Sched : public Request {
   }
   // Open MPI over TCP sends a message above its eager limit as a rendezvous: a first fragment,
   // an acknowledgement from the receiver, then the rest: a message just over the limit costs a
-  // round trip, two wake-ups and a sliver of a write more than two messages under it. At 1 MB
-  // chunks and 4 ranks a shard's 8-bit sums are 64 KB plus the codec's header, just over the
-  // default 64 KB. So a message of up to twice opt().eager_bytes goes as equal parts at or under
-  // it; longer ones stay whole (the handshake is amortised, and parts would only add messages).
+  // round trip and a write of a sliver more than two messages under it (at 1 MB chunks and 4
+  // ranks a shard's 8-bit sums were exactly 64 KiB, over the default limit with Open MPI's
+  // header; the engine now sizes such chunks to fit, engine::ps_chunk_blocks). So a message of up
+  // to twice opt().eager_bytes goes as equal parts at or under it; longer ones stay whole (the
+  // handshake is amortised, and parts would only add messages).
   uint32_t parts(size_t bytes) const {
     const uint64_t e = sh_->opt.eager_bytes;
     if (e == 0 || bytes <= e || bytes > 2 * e) return 1;
