@@ -118,6 +118,10 @@ class Reducer {
   // How many times THC_CHUNK_BYTES the engine may make the chunks in the middle of a long
   // allreduce (engine::chunk_runs; its first and last chunks keep THC_CHUNK_BYTES). 1: never.
   virtual uint64_t chunk_growth() const { return 1; }
+  // Messages of up to this many bytes cost the transport no handshake (Open MPI over TCP: its
+  // eager limit); the engine sizes PS chunks by it (engine::ps_chunk_blocks). 0: no such limit.
+  // The same on every rank.
+  virtual uint64_t eager_bytes() const { return 0; }
   // Whether start_lookup_sum is this backend's native path (parameter server, switch) or only an
   // emulation; the engine's "auto" algorithm choice asks this.
   virtual bool prefers_index_form() const { return false; }

@@ -190,6 +190,13 @@ CallPlan Engine::plan(codec::Scheme scheme, uint64_t count, DType dtype, bool me
     p.down = std::make_unique<NatRecompress>(p.cod->sum_type(), p.rng);
   }
   p.chunk_blocks = chunk_blocks_for(cfg_.chunk_bytes, p.lay.block);
+  if (p.algo == Algo::kPs) {
+    const uint64_t bits = static_cast<uint64_t>(p.table.bits), width = codec::int_size(p.cod->sum_type());
+    const transport::DownstreamCodec* down = p.down.get();
+    p.chunk_blocks = ps_chunk_blocks(p.chunk_blocks, p.lay.block, size(), reducer_->eager_bytes(), [&](uint64_t e) {
+      return std::max<uint64_t>((e * bits + 7) / 8, down ? down->encoded_bytes(e) : e * width);
+    });
+  }
   uint64_t h = 0;
   for (const PreludeField& f : prelude_fields(p)) h = digest_mix(h, f.value);
   p.digest = h;

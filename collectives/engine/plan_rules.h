@@ -17,6 +17,30 @@ inline uint64_t chunk_blocks_for(int64_t chunk_bytes, uint64_t block) {
   return std::max<uint64_t>(1, static_cast<uint64_t>(std::max<int64_t>(chunk_bytes, 4)) / 4 / block);
 }
 
+// The chunk of a PS call (index form) over a transport that sends a message of up to `limit`
+// bytes without a handshake (Reducer::eager_bytes; 0: no such limit): chunk_blocks, but when the
+// largest message of a shard (shard_bytes(elements): its codes or its sums, whichever is longer)
+// is just over the limit (by at most an eighth), the largest chunk of more than 7/8 of
+// chunk_blocks whose every shard message fits. Open MPI over TCP sends one just over its eager
+// limit as a rendezvous (a handshake and a sliver of a tail) or, cut by the schedule, as two
+// messages; at 1 MB chunks of 16 Ki blocks and 4 ranks a shard's 8-bit sums are exactly 64 KiB,
+// and 15 blocks make them one eager message each. Every rank derives the same chunk from the
+// same arguments.
+template <class ShardBytes>
+inline uint64_t ps_chunk_blocks(uint64_t chunk_blocks, uint64_t block, int n, uint64_t limit, ShardBytes&& shard_bytes) {
+  if (limit == 0 || n < 2 || chunk_blocks < 2) return chunk_blocks;
+  // The schedule's shards: multiples of 8 wire elements, the largest ceil(groups / n) groups.
+  auto largest = [&](uint64_t c) {
+    const uint64_t groups = (c * block + 7) / 8;
+    return static_cast<uint64_t>(shard_bytes((groups + static_cast<uint64_t>(n) - 1) / static_cast<uint64_t>(n) * 8));
+  };
+  const uint64_t top = largest(chunk_blocks);
+  if (top <= limit || top > limit + limit / 8) return chunk_blocks;
+  for (uint64_t c = chunk_blocks - 1; c >= 1 && c * 8 > chunk_blocks * 7; --c)
+    if (largest(c) <= limit) return c;
+  return chunk_blocks;
+}
+
 // The chunks of a call of nb blocks, in blocks, in order. growth <= 1: chunks of chunk_blocks
 // (the last one shorter). growth > 1: the pipeline starts and ends with chunks of chunk_blocks,
 // doubling from either end up to growth * chunk_blocks in between, so the transfers in the middle

@@ -285,8 +285,22 @@ std::unique_ptr<Link> make_mpi_link(MPI_Comm comm, long timeout_ms) {
   return std::make_unique<MpiLink>(comm, timeout_ms);
 }
 
+namespace {
+
+// Open MPI's TCP transport sends a message eagerly up to btl_tcp_eager_limit (64 KiB by default)
+// less ob1's header, and anything longer as a rendezvous (ScheduleOptions::eager_bytes,
+// Reducer::eager_bytes). A constant, not the cvar: every rank must cut alike, and a rank's MCA
+// settings are its own; 256 bytes cover the header.
+ScheduleOptions mpi_schedule_options() {
+  ScheduleOptions opt;
+  opt.eager_bytes = 65536 - 256;
+  return opt;
+}
+
+}  // namespace
+
 std::unique_ptr<Reducer> make_mpi_reducer(MPI_Comm comm, long timeout_ms) {
-  return make_scheduled_reducer(make_mpi_link(comm, timeout_ms));
+  return make_scheduled_reducer(make_mpi_link(comm, timeout_ms), mpi_schedule_options());
 }
 
 MpiSharedComm::~MpiSharedComm() {
@@ -298,7 +312,8 @@ MpiSharedComm::~MpiSharedComm() {
 std::unique_ptr<Reducer> make_mpi_group_reducer(std::shared_ptr<MpiSharedComm> shared, std::vector<int> members,
                                                 long timeout_ms) {
   if (!shared || members.empty()) fail(Status::kInternal, "make_mpi_group_reducer: no communicator or no members");
-  return make_scheduled_reducer(std::make_unique<MpiLink>(std::move(shared), std::move(members), timeout_ms));
+  return make_scheduled_reducer(std::make_unique<MpiLink>(std::move(shared), std::move(members), timeout_ms),
+                                mpi_schedule_options());
 }
 
 }  // namespace thc::transport

@@ -141,10 +141,12 @@ class Sched : public Request {
   }
 
   enum class Act : uint8_t { kSend, kRecvA, kRecvB };
+  static constexpr uint32_t kWhole = UINT32_MAX;  // a message sent in one part
   struct Posted {
     Act act;
     int peer;
     uint64_t index;  // the schedule's own numbering of the message
+    uint32_t split;  // kWhole, or the message's entry in parts_left_
   };
   struct Send {
     int peer;
@@ -152,6 +154,7 @@ class Sched : public Request {
     const uint8_t* buf;
     size_t bytes;
     uint64_t index;
+    uint32_t split;
   };
 
   // The schedule's reactions; each may queue sends (send()).
@@ -162,23 +165,27 @@ class Sched : public Request {
   // Buffers the link may touch, parked if the link cannot let go of them.
   virtual void park() = 0;
 
+  // A message of `bytes` goes as parts() messages (both ends cut it alike, so parts match in
+  // order); the reaction comes once its last part completes.
   void post_recv(Act act, int peer, uint32_t tag, uint8_t* buf, size_t bytes, uint64_t index) {
-    reqs_.push_back(Link::kNullReq);
-    posted_.push_back(Posted{act, peer, index});
-    ++pending_;
-    try {
-      link_->irecv(peer, tag, buf, bytes, &reqs_.back());
-    } catch (const Error& e) {
-      abandon(e.status(), e.what());
-    }
+    const uint32_t split = new_split(bytes);
+    for_parts(bytes, [&](size_t off, size_t len) {
+      reqs_.push_back(Link::kNullReq);
+      posted_.push_back(Posted{act, peer, index, split});
+      ++pending_;
+      try {
+        link_->irecv(peer, tag, buf + off, len, &reqs_.back());
+      } catch (const Error& e) {
+        abandon(e.status(), e.what());
+      }
+    });
   }
   void send(int peer, uint32_t tag, const uint8_t* buf, size_t bytes, uint64_t index, bool urgent = false) {
-    if (urgent) {
-      urgent_.push_back(Send{peer, tag, buf, bytes, index});
-    } else {
-      queue_.push_back(Send{peer, tag, buf, bytes, index});
-    }
-    ++sends_left_;
+    const uint32_t split = new_split(bytes);
+    for_parts(bytes, [&](size_t off, size_t len) {
+      (urgent ? urgent_ : queue_).push_back(Send{peer, tag, buf + off, len, index, split});
+      ++sends_left_;
+    });
   }
   // Posts queued sends up to the window; called after every reaction.
   void pump() {
@@ -187,7 +194,7 @@ class Sched : public Request {
       const Send s = q.front();
       q.pop_front();
       reqs_.push_back(Link::kNullReq);
-      posted_.push_back(Posted{Act::kSend, s.peer, s.index});
+      posted_.push_back(Posted{Act::kSend, s.peer, s.index, s.split});
       ++pending_;
       ++in_flight_;
       try {
@@ -239,6 +246,9 @@ class Sched : public Request {
       if (p.act == Act::kSend) {
         --in_flight_;
         --sends_left_;
+      }
+      if (p.split != kWhole && --parts_left_[p.split] > 0) continue;
+      if (p.act == Act::kSend) {
         on_send_done(p.index);
       } else {
         on_recv(p.act, p.peer, p.index);
@@ -259,6 +269,30 @@ class Sched : public Request {
     }
     reqs_.resize(w);
     posted_.resize(w);
+  }
+  // Open MPI over TCP sends a message above its eager limit as a rendezvous: a first fragment,
+  // an acknowledgement from the receiver, then the rest: a message just over the limit costs a
+  // round trip and a write of a sliver more than two messages under it (at 1 MB chunks and 4
+  // ranks a shard's 8-bit sums were exactly 64 KiB, over the default limit with Open MPI's
+  // header; the engine now sizes such chunks to fit, engine::ps_chunk_blocks). So a message of up
+  // to twice opt().eager_bytes goes as equal parts at or under it; longer ones stay whole (the
+  // handshake is amortised, and parts would only add messages).
+  uint32_t parts(size_t bytes) const {
+    const uint64_t e = sh_->opt.eager_bytes;
+    if (e == 0 || bytes <= e || bytes > 2 * e) return 1;
+    return 2;
+  }
+  template <class F>
+  void for_parts(size_t bytes, F&& f) {
+    const uint32_t k = parts(bytes);
+    const size_t each = (bytes + k - 1) / k;
+    for (uint32_t i = 0; i < k; ++i) f(i * each, std::min(each, bytes - i * each));
+  }
+  uint32_t new_split(size_t bytes) {
+    const uint32_t k = parts(bytes);
+    if (k == 1) return kWhole;
+    parts_left_.push_back(k);
+    return static_cast<uint32_t>(parts_left_.size() - 1);
   }
   std::string timeout_message() const {
     std::string peers;
@@ -290,6 +324,7 @@ class Sched : public Request {
   std::vector<Posted> posted_;
   std::vector<int> done_idx_;
   std::deque<Send> queue_, urgent_;
+  std::vector<uint32_t> parts_left_;  // per split message: parts not yet complete
   int in_flight_ = 0;
   int pending_ = 0;
   uint64_t sends_left_ = 0;
@@ -721,6 +756,7 @@ class ScheduledReducer final : public Reducer {
   bool applies_downstream() const override { return true; }
   bool lends_sums() const override { return true; }
   uint64_t chunk_growth() const override { return sh_->opt.chunk_growth; }
+  uint64_t eager_bytes() const override { return sh_->opt.eager_bytes; }
 
   void max_u32(uint32_t* data, size_t n) override {
     sh_->check_usable();

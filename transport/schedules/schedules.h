@@ -53,6 +53,10 @@ struct ScheduleOptions {
   // Default 1 (THC_CHUNK_GROWTH): growth 4 cut that CPU but made 4-32 MB PS calls up to 2x
   // slower on an idle testbed (fewer chunks overlap less), so it is for CPU-bound hosts only.
   uint64_t chunk_growth = default_chunk_growth();
+  // A message a little over this many bytes (up to twice) goes as equal parts at or under it, so
+  // that none is a transport's rendezvous with a sliver of a tail; 0: messages are never cut.
+  // Every rank of a group must use the same value (parts are matched by size).
+  uint64_t eager_bytes = 0;
 };
 
 std::unique_ptr<Reducer> make_scheduled_reducer(std::unique_ptr<Link> link, const ScheduleOptions& opt = {});

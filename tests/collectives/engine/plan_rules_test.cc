@@ -11,6 +11,38 @@
 namespace {
 
 using thc::engine::chunk_runs;
+using thc::engine::ps_chunk_blocks;
+
+// A PS shard's message just over the transport's eager limit: at 1 MB chunks (16 blocks of
+// 16 Ki) and 4 ranks, 8-bit sums are 64 KiB, over Open MPI's TCP limit less its header.
+TEST(PsChunkBlocks, AShardMessageJustOverTheEagerLimitShrinksTheChunkUntilItFits) {
+  auto one_byte = [](uint64_t e) { return e; };
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 4, 65536 - 256, one_byte), 15u);
+  // Under the limit, no limit, or far over it (a rendezvous amortised): the configured chunk.
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 4, 65536, one_byte), 16u);
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 4, 0, one_byte), 16u);
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 2, 65536 - 256, one_byte), 16u);
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 8, 65536 - 256, one_byte), 16u);
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 1, 100, one_byte), 16u);
+  // Two bytes an element (16-bit sums): 128 KiB, far over.
+  EXPECT_EQ(ps_chunk_blocks(16, 16384, 4, 65536 - 256, [](uint64_t e) { return 2 * e; }), 16u);
+  // Never below 7/8 of the chunk: 8 blocks of 1000 elements at 2 ranks, a limit of 3700 (4000 wanted).
+  EXPECT_EQ(ps_chunk_blocks(8, 1000, 2, 3700, one_byte), 8u);
+  EXPECT_EQ(ps_chunk_blocks(8, 1000, 2, 3600, one_byte), 8u);
+  EXPECT_EQ(ps_chunk_blocks(8, 1000, 2, 3999, one_byte), 8u);  // 7 blocks would be 7/8: not more than it
+  for (int n = 2; n <= 9; ++n)
+    for (uint64_t c = 1; c <= 40; ++c)
+      for (uint64_t limit : {uint64_t{1000}, uint64_t{4096}, uint64_t{65280}}) {
+        const uint64_t block = 1024;
+        const uint64_t got = ps_chunk_blocks(c, block, n, limit, one_byte);
+        ASSERT_LE(got, c);
+        ASSERT_GE(got * 8, c * 7 + (got == c ? 0 : 1)) << "n=" << n << " c=" << c;
+        if (got != c) {
+          const uint64_t groups = (got * block + 7) / 8;
+          ASSERT_LE((groups + n - 1) / n * 8, limit) << "n=" << n << " c=" << c;
+        }
+      }
+}
 
 TEST(ChunkRuns, WithoutGrowthChunksAreTheConfiguredSize) {
   EXPECT_EQ(chunk_runs(0, 16, 1), (std::vector<uint64_t>{}));

@@ -284,6 +284,72 @@ TEST(SchedulesPieces, AShardJustOverThePieceIsCutIntoEqualHalves) {
   }
 }
 
+// Open MPI over TCP sends a message above its eager limit as a rendezvous (a handshake and a
+// sliver of a tail for one just over it): with eager_bytes, a message of up to twice that goes as
+// equal parts at or under it, in every schedule, and the results stay the same; longer ones stay
+// whole.
+TEST(SchedulesPieces, MessagesJustOverTheEagerLimitGoAsPartsUnderIt) {
+  const int n = 3;
+  ScheduleOptions opt;
+  opt.eager_bytes = 1000;
+  LookupTable table;
+  table.bits = 4;
+  for (int z = 0; z < 16; ++z) table.values.push_back(z);
+  // PS: shards of 1008 u8 sums (one piece each); ring: segments of 1500 and of 2500 bytes;
+  // allgather: ranges of 1990 bytes.
+  const uint64_t ps_count = n * 1008, ring_counts[] = {n * 1500, n * 2500}, ag_count = n * 1990;
+  std::vector<std::vector<std::pair<uint32_t, size_t>>> sent(n);
+  std::vector<std::vector<uint8_t>> sums(n), ring_in[2], ring_out[2], ag(n);
+  for (int k = 0; k < 2; ++k)
+    for (int r = 0; r < n; ++r) {
+      ring_in[k].push_back(random_ints(ring_counts[k], IntType::kU8, 31 * r + k));
+      ring_out[k].push_back(ring_in[k][r]);
+    }
+  const std::vector<uint64_t> ag_bounds = {0, 1990, 3980, ag_count};
+  auto g = thc::transport::make_inproc_group(n, 30000);
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> err(n);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto red = thc::transport::make_scheduled_reducer(
+            std::make_unique<RecordingLink>(thc::transport::make_inproc_link(g, r), &sent[r]), opt);
+        std::vector<uint8_t> packed(ps_count / 2, static_cast<uint8_t>(0x11 * (r + 1)));
+        sums[r].assign(ps_count, 0);
+        red->start_lookup_sum(packed.data(), ps_count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
+        for (int k = 0; k < 2; ++k) red->start_sum(ring_out[k][r].data(), ring_counts[k], IntType::kU8)->wait();
+        ag[r].assign(ag_count, 0);
+        for (uint64_t i = ag_bounds[r]; i < ag_bounds[r + 1]; ++i) ag[r][i] = static_cast<uint8_t>(i * 7 + 1);
+        red->start_allgather(ag[r].data(), ag_bounds)->wait();
+      } catch (...) {
+        err[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  for (int r = 0; r < n; ++r) {
+    // Codes 1, 2, 3 on ranks 0, 1, 2: every sum is 6.
+    for (uint64_t i = 0; i < ps_count; ++i) ASSERT_EQ(sums[r][i], 6) << "rank " << r << " element " << i;
+    for (int k = 0; k < 2; ++k)
+      for (uint64_t i = 0; i < ring_counts[k]; ++i) {
+        uint64_t want = 0;
+        for (int q = 0; q < n; ++q) want += ring_in[k][q][i];
+        ASSERT_EQ(ring_out[k][r][i], static_cast<uint8_t>(want)) << "ring " << k << " rank " << r << " element " << i;
+      }
+    for (uint64_t i = 0; i < ag_count; ++i) ASSERT_EQ(ag[r][i], static_cast<uint8_t>(i * 7 + 1)) << "rank " << r;
+    size_t over = 0;
+    for (const auto& m : sent[r]) {
+      if (m.second == 2500) {
+        ++over;  // the 2500-byte ring segments: more than twice the limit, whole
+        continue;
+      }
+      EXPECT_LE(m.second, opt.eager_bytes) << "rank " << r << " tag " << m.first;
+    }
+    EXPECT_EQ(over, 2u * (n - 1)) << "rank " << r << ": each 2500-byte segment once per ring phase step";
+  }
+}
+
 TEST(SchedulesFaults, AMissingPeerIsATimeoutNamingIt) {
   const int n = 3;
   std::vector<std::string> msg(n);
