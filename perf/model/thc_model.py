@@ -43,6 +43,7 @@ THC_G = 30            # THC_GRANULARITY default: the table's largest value (sums
 THC_BLOCK = 16384     # THC_BLOCK default (RHT block; the tail is padded to a power of two >= 64)
 CHUNK_BYTES = 1 << 20  # THC_CHUNK_BYTES default (float32 bytes per pipelined chunk)
 PIECE_BYTES = 256 * 1024  # transport/schedules ScheduleOptions::piece_bytes
+MPI_HDR_BYTES = 256  # transport/mpi: room left for ob1's header under the eager limit
 PRELUDE_HDR_WORDS = 256  # engine.cc kHeaderWords: the fixed first MAX exchange
 PRELUDE_INLINE = 256 - 6 - 7 * 4  # statistics carried inline in it (kInlineStats)
 AGG_HDR = 64          # switch_offload/protocol: header bytes of every datagram
@@ -280,11 +281,45 @@ class Model:
         return self.cal["codec"]["f32_sum_GBps"] * 1e9
 
     # --- THC through the engine's pipeline
+    def eager_bytes(self):
+        """What the schedules send without a handshake (transport/mpi: Open MPI's TCP eager limit
+        less ob1's header, ScheduleOptions::eager_bytes); 0 where the scenario has no such limit."""
+        lim = self.sc.get("eager_limit")
+        return lim - MPI_HDR_BYTES if lim else 0
+
+    def parts(self, nbytes):
+        """Messages the schedules send for one of nbytes: one up to twice the eager bytes is cut
+        into two equal eager parts (transport/schedules), anything else goes whole."""
+        e = self.eager_bytes()
+        return 2 if e and e < nbytes <= 2 * e else 1
+
     def hop(self, alpha, nbytes):
         """Latency of one message: one hop, two where the transport's rendezvous protocol first
-        asks the receiver (Open MPI's TCP BTL above its eager limit, 64 KB)."""
-        lim = self.sc.get("eager_limit")
-        return alpha * (2 if lim and nbytes >= lim else 1)
+        asks the receiver (Open MPI's TCP BTL above its eager limit; the schedules cut messages
+        up to twice that into eager parts)."""
+        e = self.eager_bytes()
+        return alpha * (2 if e and nbytes > 2 * e else 1)
+
+    def ps_chunk_elems(self, chunk_elems, b, w):
+        """engine::ps_chunk_blocks: a PS chunk whose largest shard message (codes or sums) is just
+        over the eager bytes (by at most an eighth) shrinks by at most an eighth until it fits."""
+        lim, n = self.eager_bytes(), self.n
+        cb = chunk_elems // THC_BLOCK
+
+        def largest(c):
+            groups = -(-(c * THC_BLOCK) // 8)
+            e = -(-groups // n) * 8
+            return max(-(-(e * b) // 8), e * w)
+
+        top = largest(cb)
+        if not lim or n < 2 or cb < 2 or top <= lim or top > lim + lim // 8:
+            return chunk_elems
+        c = cb - 1
+        while c >= 1 and c * 8 > cb * 7:
+            if largest(c) <= lim:
+                return c * THC_BLOCK
+            c -= 1
+        return chunk_elems
 
     def thc(self, algo):
         return self._thc(algo, self.sc["alpha"])
@@ -297,6 +332,8 @@ class Model:
         value_form = algo == "int"
         pre_rate, enc_rate, dec_rate = self.codec_rates(value_form)
         chunk_elems = max(THC_BLOCK, self.chunk_bytes // 4 // THC_BLOCK * THC_BLOCK)
+        if algo == "ps":
+            chunk_elems = self.ps_chunk_elems(chunk_elems, b, w)
         nch = -(-E // chunk_elems)
         Ec = min(chunk_elems, W)  # wire elements of a full chunk
         msg = self.sc["msg_cpu"]
@@ -307,14 +344,15 @@ class Model:
             sent = (n - 1) * shard * (b / 8 + w)  # indices to n-1 owners, own shard's sums to n-1
             wire_chunk = sent * f / self.B
             pieces = max(1, math.ceil(shard * w / PIECE_BYTES))
-            msgs = 2 * (n - 1) * pieces
+            idx_piece_b = min(shard, PIECE_BYTES / w) * b / 8
+            sum_piece_b = min(shard * w, PIECE_BYTES)
+            msgs = (n - 1) * pieces * (self.parts(idx_piece_b) + self.parts(sum_piece_b))
             red_cpu = Ec / (self.cal["codec"]["lookup_add_Glanes_s"] * 1e9) if self.sc["codec"] == "cpu" else 0.0
             net = self.net_cpu(2 * sent, thc=True) + msgs * msg
             # The allgather of a piece waits for the piece's indices from every peer.
-            idx_piece = min(shard, PIECE_BYTES / w) * b / 8
             # The owner waits for every peer's indices, a rank for every owner's sums: n-1 each.
             last_of = sum(1 / i for i in range(1, n)) if self.sc.get("hop_wait_max") else 1.0
-            chain = wire_chunk + last_of * (self.hop(alpha, idx_piece) + self.hop(alpha, min(shard * w, PIECE_BYTES)))
+            chain = wire_chunk + last_of * (self.hop(alpha, idx_piece_b) + self.hop(alpha, sum_piece_b))
             wire_B = sent / Ec
         elif algo == "int":
             f = self.fr.stream(self.sc["ack_every"])
@@ -323,7 +361,7 @@ class Model:
             sent = 2 * (n - 1) * seg
             wire_chunk = sent * f / self.B
             steps = 2 * (n - 1)
-            msgs = steps * max(1, math.ceil(seg / PIECE_BYTES))
+            msgs = steps * max(1, math.ceil(seg / PIECE_BYTES)) * self.parts(piece)
             red_cpu = (n - 1) * seg / (self.cal["codec"]["int_add_GBps"] * 1e9) if self.sc["codec"] == "cpu" else 0.0
             net = self.net_cpu(2 * sent, thc=True) + msgs * msg
             chain = steps * max(seg * f / self.B, piece * f / self.B + self.hop(alpha, piece))

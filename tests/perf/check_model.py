@@ -76,12 +76,27 @@ cheap = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=1
 dear = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"), dgram_cpu_s=2e-5).thc_agg_switch_position()
 check(dear["bound"] == "cpu" and dear["time"] > 4 * 64 * 187 * 2e-5 / 2 and dear["time"] > cheap["time"],
       f"testbed thc-agg charges the datagram CPU on the shared cores ({cheap}, {dear})")
+# The PS chunk as engine::ps_chunk_blocks cuts it over Open MPI's TCP (eager limit 64 KiB less
+# 256 bytes of header): at 4 ranks 1 MB chunks of 16 blocks would make 64 KiB sums messages, so
+# 15 blocks; at 2 and 8 ranks the messages fit (or are far over) and 16 stay.
+for n, want in ((2, 16), (4, 15), (8, 16), (16, 16)):
+    md = m.Model(cal, "testbed", n, 64 * MB, m.parse_rate("1gbit"))
+    got = md.ps_chunk_elems(262144, 4, md.w) // 16384
+    check(got == want, f"testbed PS chunk at n={n}: {got} blocks, want {want}")
+# A message up to twice the eager bytes goes as two eager parts (one hop), a longer one as a
+# rendezvous (two hops).
+md = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("1gbit"))
+check(md.parts(65280) == 1 and md.parts(65281) == 2 and md.parts(130560) == 2 and md.parts(130561) == 1,
+      "schedules cut messages just over the eager bytes into two parts")
+check(md.hop(1.0, 130560) == 1.0 and md.hop(1.0, 130561) == 2.0, "rendezvous only past twice the eager bytes")
 # On the testbed a PS rank waits for the last of its 3 peers in each of a chunk's two phases:
-# H_3 = 11/6 hops each instead of one (a random wake-up delay, the largest of 3).
-one = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=1e-3, hop_wait_max=False).thc("ps")
-last = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=1e-3).thc("ps")
-check(last["bound"] == "latency" and abs((last["time"] - one["time"]) - 64 * (11 / 6 - 1) * 3e-3) < 1e-3,
-      f"testbed PS waits for the last of 3 peers ({one['time']} vs {last['time']})")
+# H_3 = 11/6 hops each instead of one (a random wake-up delay, the largest of 3); the 64 MB call
+# is 16 Mi / (15 * 16 Ki) chunks of two eager hops each.
+one = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=3e-3, hop_wait_max=False).thc("ps")
+last = m.Model(cal, "testbed", 4, 64 * MB, m.parse_rate("100gbit"), alpha=3e-3).thc("ps")
+want = 16 * MB / (15 * 16384) * 2 * (11 / 6 - 1) * 3e-3
+check(one["bound"] == "latency" and last["bound"] == "latency" and abs((last["time"] - one["time"]) - want) < 1e-3,
+      f"testbed PS waits for the last of 3 peers ({one['time']} vs {last['time']}, difference want {want})")
 # Bad input is refused with a message.
 r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "model", "thc_model.py"), "one", "--n", "4",
                     "--size", "64Q", "--rate", "1gbit"], capture_output=True, text=True)
