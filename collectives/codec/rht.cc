@@ -592,6 +592,11 @@ HWY_INLINE __m512 SumsAsFloat(const T* HWY_RESTRICT p) {
   }
 }
 
+// The decode's first pass prefetches the sums this many bytes ahead (into the next block's at the
+// end of one): the hardware prefetchers alone left the 64 MB THC decode about 6 % slower on the
+// AVX-512 VM (2^14 blocks of u8 sums; 1024 bytes ahead gained less).
+constexpr uint64_t kSumsPrefetchBytes = 4096;
+
 template <typename T>
 void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half, float step, float f, int e,
                      const rng::Stream& shared, uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out,
@@ -602,6 +607,7 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
   // limit: a last pass of three stages for the streamed form (n >= 1024), and at least one
   // later pass (which writes out) for any n.
   const uint64_t span = FirstPass(work, n, n >= 1024 ? n / 8 : n / 2, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
+    if ((i * sizeof(T)) % 64 == 0) hwy::Prefetch(s + i + kSumsPrefetchBytes / sizeof(T));
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(SumsAsFloat(s + i), vh), vs), vf);
   });
   const InverseStore st = MakeInverseStore(shared, blk, n, m, e, sub, out);
