@@ -4,7 +4,10 @@
 //  * AVX-512 targets, n >= 128: the first pass runs stages h = 1..8 inside each zmm register
 //    (a lane permute and a multiply-add by +-1, exact) and h = 16..64 across 8 registers, so a
 //    128-float chunk takes its first 7 stages in one load and one store; every further pass runs
-//    up to 4 stages (radix 16) on 16 registers loaded at stride h. A 2^16 block takes 4 passes.
+//    up to 4 stages (radix 16) on 16 registers loaded at stride h. The chunk pass and the stages
+//    h = 128..1024 run tile by tile (2048 floats, 8 KiB: the tile stays in L1 between them);
+//    the stages above go over the whole block. A 2^14 block (64 KiB) takes the tiles and one
+//    pass of 3 stages, a 2^16 block the tiles and 2 passes.
 //    The codec's kernels fuse their element-wise prologue (prescale and signs; THC decode: the
 //    dequantisation) into the first pass and their epilogue into the last: signs, postscale and
 //    residual (kern::rotate_inverse, kern::thc_decode_block, whose large results leave as
