@@ -443,7 +443,9 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
       const __mmask16 big = _mm512_mask_cmpge_epu32_mask(_mm512_cmple_epu32_mask(ax, inf), ax, t1);
       const __mmask16 ups =
           _mm512_cmp_ps_mask(_mm512_cvtepu32_ps(jx), _mm512_mul_ps(_mm512_castsi512_ps(ax), s32), _CMP_LT_OQ);
-      const __m512i level = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(big, lvl), _kandn_mask16(big, ups), one1);
+      // Big lanes hold lvl >= 1, the others 0: max(., 1) under ups raises only the latter.
+      const __m512i zb = _mm512_maskz_mov_epi32(big, lvl);
+      const __m512i level = _mm512_mask_max_epi32(zb, ups, zb, one1);
       // The sign bit stands for a < 0: they differ only at -0 and NaN, whose level is 0.
       const __mmask16 sm = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(bx), level, level);
       if (val) {
