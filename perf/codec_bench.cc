@@ -18,6 +18,8 @@
 //   calls:2  one call per block, each allocating its own scratch (a caller without a workspace)
 // BM_LookupAdd, BM_AddInts, BM_FloatSum: the transports' reductions (the scale model's inputs,
 // perf/model/calibrate.sh), per element of the input.
+// BM_ThcEncodePhase / BM_CnatEncodePhase (phase 0: the prelude alone, 1: the encodes alone, 2: the
+// encodes alone on one cached block) and BM_ThcDecodeHot (one cached block) split the time.
 // The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
 // encode (or decode) spread over `threads` threads block by block; memcpy stays on one core.
 #include <benchmark/benchmark.h>
