@@ -18,6 +18,8 @@
 //   calls:2  one call per block, each allocating its own scratch (a caller without a workspace)
 // BM_LookupAdd, BM_AddInts, BM_FloatSum: the transports' reductions (the scale model's inputs,
 // perf/model/calibrate.sh), per element of the input.
+// BM_ThcEncodePhase / BM_CnatEncodePhase (phase 0: the prelude alone, 1: the encodes alone, 2: the
+// encodes alone on one cached block) and BM_ThcDecodeHot (one cached block) split the time.
 // The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
 // encode (or decode) spread over `threads` threads block by block; memcpy stays on one core.
 #include <benchmark/benchmark.h>
@@ -157,6 +159,38 @@ void encode_bench(benchmark::State& state, const Params& params) {
   set_bytes(state);
 }
 
+// Where an encode's time goes (range(0): log2 block; index form, one call per block with a
+// reused Workspace, as calls:1): range(1) = 0 the prelude alone (its read of the 64 MB input),
+// 1 the encodes alone (statistics computed beforehand, so the input comes from memory again),
+// 2 the encodes alone on one block of the input kept in cache (the first block, encoded
+// kCount / B times: the rate of the arithmetic without memory traffic).
+void encode_phase_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const int phase = static_cast<int>(state.range(1));
+  const Layout l = c.layout(kCount);
+  std::vector<float> stats(l.nblocks);
+  c.prelude(x.data(), kCount, stats.data());
+  std::vector<uint8_t> packed(c.packed_bytes(l.wire_count));
+  thc::codec::Workspace ws;
+  uint32_t round = 0;
+  for (auto _ : state) {
+    if (phase == 0) {
+      c.prelude(x.data(), kCount, stats.data());
+    } else {
+      const CallRng rng{7, 0, round++};
+      for (uint64_t b = 0; b < l.nblocks; ++b) {
+        const uint64_t src = phase == 1 ? b : 0;
+        Codec::EncodeOut o;
+        o.packed = packed.data() + b * l.block * c.index_bits() / 8;
+        c.encode(l, src, 1, x.data() + src * l.block, stats.data() + src, rng, o, &ws);
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
 // The engine's host codec with range(2) threads (range(0): log2 block, range(1): form).
 void encode_threads_bench(benchmark::State& state, const Params& params) {
   const auto& x = input();
@@ -212,6 +246,36 @@ void decode_bench(benchmark::State& state, const Params& params) {
   set_bytes(state);
 }
 
+// The decode of one block kept in cache (the first block's sums, decoded kCount / B times into
+// the same output block, which stays in cache too): the rate of the arithmetic without memory
+// traffic, to set against BM_ThcDecode's 64 MB.
+void decode_hot_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const uint64_t B = c.block();
+  const Layout l = c.layout(B);
+  float stat = 0;
+  c.prelude(x.data(), B, &stat);
+  const size_t w = thc::codec::int_size(c.sum_type());
+  std::vector<uint8_t> vals(l.wire_count * w), sums(l.wire_count * w);
+  std::vector<int64_t> total(l.wire_count, 0);
+  for (int r = 0; r < kWorkers; ++r) {
+    Codec::EncodeOut out;
+    out.values = vals.data();
+    c.encode(l, 0, 1, x.data(), &stat, CallRng{7, static_cast<uint32_t>(r), 0}, out);
+    for (uint64_t i = 0; i < l.wire_count; ++i) total[i] += thc::codec::load_int(c.sum_type(), vals.data(), i);
+  }
+  for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
+  std::vector<float> y(B);
+  thc::codec::Workspace ws;
+  for (auto _ : state) {
+    for (uint64_t b = 0; b < kCount / B; ++b)
+      c.decode(l, 0, 1, sums.data(), &stat, CallRng{7, 0, 0}, kWorkers, true, y.data(), &ws);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
 // The reductions the transports run between encode and decode, per element of the input (so their
 // rates read like the codec's, bytes of float32 per second): the colocated PS owner's table lookup
 // and add of b=4 packed indices into u8 sums (transport lookup_add, once per contributor), the
@@ -262,6 +326,13 @@ void BM_ThcEncodeThreads(benchmark::State& state) {
 void BM_CnatEncodeThreads(benchmark::State& state) {
   encode_threads_bench(state, cnat_params(static_cast<int>(state.range(0))));
 }
+void BM_ThcEncodePhase(benchmark::State& state) {
+  encode_phase_bench(state, thc_params(static_cast<int>(state.range(0))));
+}
+void BM_CnatEncodePhase(benchmark::State& state) {
+  encode_phase_bench(state, cnat_params(static_cast<int>(state.range(0))));
+}
+void BM_ThcDecodeHot(benchmark::State& state) { decode_hot_bench(state, thc_params(static_cast<int>(state.range(0)))); }
 void BM_ThcDecode(benchmark::State& state) { decode_bench(state, thc_params(static_cast<int>(state.range(0)))); }
 void BM_CnatEncode(benchmark::State& state) { encode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
 void BM_CnatDecode(benchmark::State& state) { decode_bench(state, cnat_params(static_cast<int>(state.range(0)))); }
@@ -315,6 +386,19 @@ void register_benchmarks() {
       ->Args({16, 0})
       ->Args({14, 0})
       ->Apply(common);
+  benchmark::RegisterBenchmark("BM_ThcEncodePhase", BM_ThcEncodePhase)
+      ->ArgNames({"log2B", "phase"})
+      ->Args({14, 0})
+      ->Args({14, 1})
+      ->Args({14, 2})
+      ->Apply(common);
+  benchmark::RegisterBenchmark("BM_CnatEncodePhase", BM_CnatEncodePhase)
+      ->ArgNames({"log2B", "phase"})
+      ->Args({14, 0})
+      ->Args({14, 1})
+      ->Args({14, 2})
+      ->Apply(common);
+  benchmark::RegisterBenchmark("BM_ThcDecodeHot", BM_ThcDecodeHot)->ArgName("log2B")->Arg(14)->Apply(common);
   benchmark::RegisterBenchmark("BM_LookupAdd", BM_LookupAdd)->Apply(common);
   benchmark::RegisterBenchmark("BM_AddInts", BM_AddInts)->ArgName("bytes")->Arg(1)->Arg(2)->Apply(common);
   benchmark::RegisterBenchmark("BM_FloatSum", BM_FloatSum)->Apply(common);

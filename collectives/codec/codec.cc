@@ -360,8 +360,14 @@ void Workspace::Free::operator()(unsigned char* p) const { ::operator delete[](p
 void Workspace::reserve(uint64_t block) {
   if (block <= block_) return;
   // 64-byte aligned: the kernels' full-vector loads and stores then never split a cache line.
-  mem_.reset(static_cast<unsigned char*>(::operator new[](9 * block, std::align_val_t{64})));
+  mem_.reset(static_cast<unsigned char*>(::operator new[](kSlack + 9 * block, std::align_val_t{64})));
   block_ = block;
+}
+
+float* Workspace::work_apart(const void* other) const {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(mem_.get());
+  const uintptr_t off = (reinterpret_cast<uintptr_t>(other) + 2048 - base) % kSlack / 64 * 64;
+  return reinterpret_cast<float*>(mem_.get() + off);
 }
 
 void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
@@ -372,7 +378,8 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
   ws->reserve(B);
   uint8_t* const idx = out.packed ? ws->idx() : nullptr;
   int32_t* const val = out.values || out.residual ? ws->val() : nullptr;
-  float* const work = ws->work();
+  // The residual's decode stores it while loading work (Workspace::work_apart).
+  float* const work = out.residual ? ws->work_apart(out.residual) : ws->work();
   uint64_t wire_off = 0;
   for (uint64_t k = 0; k < nblocks; ++k) {
     const uint64_t blk = first_block + k;
@@ -408,7 +415,7 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
   Workspace own_ws;
   if (!ws) ws = &own_ws;
   if (rotates()) ws->reserve(B);
-  float* const work = ws->work();
+  float* const work = rotates() ? ws->work_apart(out) : nullptr;
   uint64_t wire_off = 0;
   const float cnt = static_cast<float>(contributors);
   const float inv_cnt = mean ? 1.0f / cnt : 1.0f;

@@ -425,9 +425,9 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     // j 2^16 + 2^15 < mant 2^9), at most L: the clamp r -> 2^(L-1) gives exactly L, and so do
     // larger exponents and +inf. Below 1: up iff (j + 1/2) 2^16 < r 2^32 = |x| 2^(e+32), one
     // product (it differs from scale2's two only for r far below 2^-17, where both are false).
-    // NaN: level 0 (not counted as r >= 1; its float compare is false). With the draws j << 16
-    // (PhiloxRound16<true>) the two tests share j 2^16 + 2^15.
-    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), half16 = _mm512_set1_epi32(0x8000);
+    // NaN: level 0 (not counted as r >= 1; its float compare is false). The draws come as
+    // j 2^16 + 2^15 (PhiloxRound16<true>), which both tests share.
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
     const __m512i c = _mm512_set1_epi32(e - 126), lv = _mm512_set1_epi32(levels), one1 = _mm512_set1_epi32(1);
     const __m512i inf = _mm512_set1_epi32(0x7F800000);
     const __m512i t1 = _mm512_set1_epi32(static_cast<int>(elem::float_bits(elem::pow2f(-e))));
@@ -436,14 +436,16 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
       hwy::Prefetch(x + j + kPrefetchFloats);
       const __m512i bx = _mm512_loadu_si512(x + j);
       const __m512i ax = _mm512_and_si512(bx, absm);
-      const __m512i jx = _mm512_or_si512(rd.raw, half16);
+      const __m512i jx = rd.raw;
       const __mmask16 up = _mm512_cmplt_epu32_mask(jx, _mm512_slli_epi32(bx, 9));
       __m512i lvl = _mm512_add_epi32(_mm512_srli_epi32(ax, 23), c);
       lvl = _mm512_min_epi32(_mm512_mask_add_epi32(lvl, up, lvl, one1), lv);
       const __mmask16 big = _mm512_mask_cmpge_epu32_mask(_mm512_cmple_epu32_mask(ax, inf), ax, t1);
       const __mmask16 ups =
           _mm512_cmp_ps_mask(_mm512_cvtepu32_ps(jx), _mm512_mul_ps(_mm512_castsi512_ps(ax), s32), _CMP_LT_OQ);
-      const __m512i level = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(big, lvl), _kandn_mask16(big, ups), one1);
+      // Big lanes hold lvl >= 1, the others 0: max(., 1) under ups raises only the latter.
+      const __m512i zb = _mm512_maskz_mov_epi32(big, lvl);
+      const __m512i level = _mm512_mask_max_epi32(zb, ups, zb, one1);
       // The sign bit stands for a < 0: they differ only at -0 and NaN, whose level is 0.
       const __mmask16 sm = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(bx), level, level);
       if (val) {

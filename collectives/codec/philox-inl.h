@@ -240,25 +240,36 @@ HWY_INLINE void PhiloxElems4(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Reparti
 // hold the draws of the group's elements 0..3 as u16 4q .. 4q + 3, words 2 and 3 those of
 // elements 4..7; one two-source u16 permute per 16 elements picks them in element order into
 // the even u16 of each u32 lane, zeroing the odd ones.
-// kHigh: into the odd u16 instead (u32 lanes j << 16).
+// kHigh: into the odd u16 instead, the even ones 0x8000 (u32 lanes j 2^16 + 2^15): the permute
+// takes the lanes it does not select from its index vector, whose even u16 hold 0x8000.
 template <class D32, bool kHigh, class F, class V>
 HWY_INLINE void PhiloxEmitZmm(F& fn, size_t q0, V w0, V w1, V w2, V w3) {
   alignas(64) static constexpr uint16_t kIdxLo[32] = {0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35, 0,
                                                       4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39, 0};
-  alignas(64) static constexpr uint16_t kIdxHi[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 32, 0, 33, 0, 34, 0, 35,
-                                                      0, 4, 0, 5, 0, 6, 0, 7, 0, 36, 0, 37, 0, 38, 0, 39};
+  constexpr uint16_t h = 0x8000;
+  alignas(64) static constexpr uint16_t kIdxHi[32] = {h, 0, h, 1, h, 2, h, 3, h, 32, h, 33, h, 34, h, 35,
+                                                      h, 4, h, 5, h, 6, h, 7, h, 36, h, 37, h, 38, h, 39};
   const uint16_t* kIdx = kHigh ? kIdxHi : kIdxLo;
   const __m512i a = _mm512_mask_shuffle_epi32(w0.raw, 0xAAAA, w1.raw, _MM_PERM_CDAB);
   const __m512i b = _mm512_mask_shuffle_epi32(w2.raw, 0xAAAA, w3.raw, _MM_PERM_CDAB);
   const __m512i idx0 = _mm512_load_si512(kIdx);
-  const __m512i eight = _mm512_set1_epi16(8);  // two groups further: u16 4q + 8
+  // Two groups further: u16 4q + 8 (kHigh: in the odd u16 only, the even ones stay 0x8000).
+  const __m512i eight = kHigh ? _mm512_set1_epi32(8 << 16) : _mm512_set1_epi16(8);
   const __m512i idx1 = _mm512_add_epi16(idx0, eight), idx2 = _mm512_add_epi16(idx1, eight);
   const __m512i idx3 = _mm512_add_epi16(idx2, eight);
-  const __mmask32 even = kHigh ? 0xAAAAAAAAu : 0x55555555u;
-  fn(q0 + 0, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx0, b)});
-  fn(q0 + 1, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx1, b)});
-  fn(q0 + 2, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx2, b)});
-  fn(q0 + 3, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx3, b)});
+  if constexpr (kHigh) {
+    const __mmask32 odd = 0xAAAAAAAAu;
+    fn(q0 + 0, hn::Vec<D32>{_mm512_mask2_permutex2var_epi16(a, idx0, odd, b)});
+    fn(q0 + 1, hn::Vec<D32>{_mm512_mask2_permutex2var_epi16(a, idx1, odd, b)});
+    fn(q0 + 2, hn::Vec<D32>{_mm512_mask2_permutex2var_epi16(a, idx2, odd, b)});
+    fn(q0 + 3, hn::Vec<D32>{_mm512_mask2_permutex2var_epi16(a, idx3, odd, b)});
+  } else {
+    const __mmask32 even = 0x55555555u;
+    fn(q0 + 0, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx0, b)});
+    fn(q0 + 1, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx1, b)});
+    fn(q0 + 2, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx2, b)});
+    fn(q0 + 3, hn::Vec<D32>{_mm512_maskz_permutex2var_epi16(even, a, idx3, b)});
+  }
 }
 #endif
 
@@ -268,7 +279,7 @@ HWY_INLINE void PhiloxEmitZmm(F& fn, size_t q0, V w0, V w1, V w2, V w3) {
 // - 1 in lane order. The words PhiloxElems4 returns, read as little-endian u16, are already the
 // draws in element order: each word vector is split into its lower and upper halves and
 // widened. pat = PhiloxLanePattern.
-// kHigh: the draws shifted up by 16 bits (u32 lanes j << 16).
+// kHigh: the draws shifted up by 16 bits, plus one half (u32 lanes j 2^16 + 2^15).
 template <bool kHigh = false, class D32, class F>
 HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repartition<uint64_t, D32>> pat,
                               uint32_t g0, F&& fn) {
@@ -291,7 +302,7 @@ HWY_INLINE void PhiloxRound16(D32 d32, const PhiloxFamily& f, hn::Vec<hn::Repart
   const hn::Half<decltype(d16)> dh;
   hn::Vec<D32> r0, r1, r2, r3;
   PhiloxElems4(d32, f, pat, g0, &r0, &r1, &r2, &r3);
-  auto up = [](hn::Vec<D32> v) { return kHigh ? hn::ShiftLeft<16>(v) : v; };
+  auto up = [d32](hn::Vec<D32> v) { return kHigh ? hn::Or(hn::ShiftLeft<16>(v), hn::Set(d32, 0x8000u)) : v; };
   fn(0, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r0)))));
   fn(1, up(hn::PromoteTo(d32, hn::UpperHalf(dh, hn::BitCast(d16, r0)))));
   fn(2, up(hn::PromoteTo(d32, hn::LowerHalf(dh, hn::BitCast(d16, r1)))));
