@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <mutex>
 
-namespace thc_test {
+namespace thc_testing {
 
 class Barrier {
  public:
@@ -30,4 +30,4 @@ class Barrier {
   uint64_t gen_ = 0;
 };
 
-}  // namespace thc_test
+}  // namespace thc_testing

@@ -125,7 +125,7 @@ bool warned_since(size_t mark, const std::vector<const char*>& want) {
   return false;
 }
 
-using thc_test::Barrier;
+using thc_testing::Barrier;
 
 struct TypeDesc {
   const char* name;

@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -38,6 +37,7 @@
 #include "switch_offload/protocol/auth.h"
 #include "switch_offload/protocol/builder.h"
 #include "switch_offload/protocol/wire.h"
+#include "tests/barrier.h"
 #include "tests/switch_offload/aggregator_process.h"
 #include "tests/transport/switch_client/workload.h"
 #include "transport/switch_client/channel.h"
@@ -301,26 +301,7 @@ uint64_t stats_reply_bytes(const Counters& c) { return proto::kHeaderBytes + 8 *
 
 // ---- the job: real workers on threads, two phases with the attack in between and during ------
 
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lk, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+using Barrier = thc_testing::Barrier;
 
 struct JobSpec {
   int world = 4;

@@ -9,14 +9,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "tests/barrier.h"
 #include "tests/switch_offload/aggregator_process.h"
 #include "thc/thc.h"
 
@@ -28,26 +27,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kWorld = 4;
 constexpr size_t kCount = 1 << 16;
 
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lk, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+using Barrier = thc_testing::Barrier;
 
 std::vector<float> input(int rank, int call) {
   std::mt19937 g(static_cast<uint32_t>(rank * 1000 + call));
@@ -119,7 +99,7 @@ TEST(PartialAggregation, AStragglerDoesNotHoldTheQuorumBack) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
         ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
-        all.wait();
+        all.arrive_and_wait();
         // Call 2: rank 3 is 2 s late.
         if (r == 3) {
           std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -131,7 +111,7 @@ TEST(PartialAggregation, AStragglerDoesNotHoldTheQuorumBack) {
         ms[r] = ms_since(t0);
         if (r != 3) fast_done_first[r] = straggler_started ? 0 : 1;
         out[r] = y;
-        all.wait();
+        all.arrive_and_wait();
         // Call 3: everybody on time again.
         x = input(r, 2);
         EXPECT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS)
@@ -170,7 +150,7 @@ TEST(PartialAggregation, AWorkerLeftBehindIsToldAndRejoins) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
         ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
-        all.wait();
+        all.arrive_and_wait();
         if (r != 3) {
           // The fast ranks run three calls while rank 3 sleeps: its slots are reused.
           for (int c = 1; c <= 3; ++c) {
@@ -185,7 +165,7 @@ TEST(PartialAggregation, AWorkerLeftBehindIsToldAndRejoins) {
           late[r] = thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef);
           if (late[r] != THC_SUCCESS) std::printf("rank 3: %s\n", thc_last_error());
         }
-        all.wait();
+        all.arrive_and_wait();
         // Everybody calls again: rank 3 rejoins the job at its newest operation.
         x = input(r, 4);
         again[r] = thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef);
@@ -220,7 +200,7 @@ TEST(PartialAggregation, ADeadWorkerIsDroppedWithAQuorum) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
         ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
-        all.wait();
+        all.arrive_and_wait();
         if (r == 3) return;  // dies: never sends again (its communicator stays open, silent)
         for (int c = 1; c <= 3; ++c) {
           x = input(r, c);
@@ -254,7 +234,7 @@ TEST(PartialAggregation, WithoutAQuorumADeadWorkerIsATimeoutNotAHang) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
         ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
-        all.wait();
+        all.arrive_and_wait();
         if (r == 3) return;
         x = input(r, 1);
         const auto t0 = Clock::now();

@@ -7,8 +7,6 @@
 #include <sys/wait.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -16,6 +14,7 @@
 
 #include "common/status.h"
 #include "switch_offload/protocol/builder.h"
+#include "tests/barrier.h"
 #include "tests/switch_offload/aggregator_process.h"
 #include "tests/transport/switch_client/workload.h"
 #include "transport/switch_client/channel.h"
@@ -31,27 +30,7 @@ using thc::transport::IntType;
 using thc::transport::UdpClientOptions;
 using thc::transport::UdpReducer;
 
-// A reusable barrier (std::barrier is C++20).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lk, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+using Barrier = thc_testing::Barrier;
 
 constexpr uint64_t kCount = 2000;  // per op: 8 packets of 256 elements (the last one partial)
 constexpr int kWorld = 4;
