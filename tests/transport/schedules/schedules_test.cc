@@ -37,14 +37,19 @@ constexpr IntType kTypes[] = {IntType::kU8, IntType::kU16, IntType::kU32, IntTyp
 size_t width(IntType t) { return thc::codec::int_size(t); }
 
 // Runs body(rank, reducer) on n threads over one in-process group; rethrows the first failure.
-void run(int n, const ScheduleOptions& opt, long timeout_ms, const std::function<void(int, Reducer&)>& body) {
+// wrap (optional) puts something around each rank's link (a recorder, a fault).
+using WrapLink = std::function<std::unique_ptr<thc::transport::Link>(int, std::unique_ptr<thc::transport::Link>)>;
+void run(int n, const ScheduleOptions& opt, long timeout_ms, const std::function<void(int, Reducer&)>& body,
+         const WrapLink& wrap = nullptr) {
   auto g = thc::transport::make_inproc_group(n, timeout_ms);
   std::vector<std::thread> ts;
   std::vector<std::exception_ptr> err(n);
   for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
       try {
-        auto red = thc::transport::make_scheduled_reducer(thc::transport::make_inproc_link(g, r), opt);
+        auto link = thc::transport::make_inproc_link(g, r);
+        if (wrap) link = wrap(r, std::move(link));
+        auto red = thc::transport::make_scheduled_reducer(std::move(link), opt);
         body(r, *red);
       } catch (...) {
         err[r] = std::current_exception();
@@ -240,6 +245,13 @@ class RecordingLink final : public thc::transport::Link {
   std::vector<std::pair<uint32_t, size_t>>* sent_;
 };
 
+// Wraps each rank's link in a RecordingLink writing to sent[rank].
+WrapLink record_into(std::vector<std::vector<std::pair<uint32_t, size_t>>>& sent) {
+  return [&sent](int r, std::unique_ptr<thc::transport::Link> l) {
+    return std::make_unique<RecordingLink>(std::move(l), &sent[r]);
+  };
+}
+
 // A shard a little over piece_bytes goes as two halves, not a full piece and a sliver: each
 // message costs a transport like Open MPI over TCP about the same whatever its size.
 TEST(SchedulesPieces, AShardJustOverThePieceIsCutIntoEqualHalves) {
@@ -253,23 +265,13 @@ TEST(SchedulesPieces, AShardJustOverThePieceIsCutIntoEqualHalves) {
   for (int z = 0; z < 16; ++z) table.values.push_back(z);
   std::vector<std::vector<std::pair<uint32_t, size_t>>> sent(n);
   std::vector<std::vector<uint8_t>> sums(n, std::vector<uint8_t>(count));
-  auto g = thc::transport::make_inproc_group(n, 30000);
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> err(n);
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto red = thc::transport::make_scheduled_reducer(
-            std::make_unique<RecordingLink>(thc::transport::make_inproc_link(g, r), &sent[r]), opt);
+  run(
+      n, opt, 30000,
+      [&](int r, Reducer& red) {
         std::vector<uint8_t> packed(count / 2, static_cast<uint8_t>(r == 0 ? 0x11 : 0x33));
-        red->start_lookup_sum(packed.data(), count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+        red.start_lookup_sum(packed.data(), count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
+      },
+      record_into(sent));
   for (int r = 0; r < n; ++r) {
     // Rank 0's codes are all 1, rank 1's all 3: every sum is 4.
     for (uint64_t i = 0; i < count; ++i) ASSERT_EQ(sums[r][i], 4) << "rank " << r << " element " << i;
@@ -306,28 +308,18 @@ TEST(SchedulesPieces, MessagesJustOverTheEagerLimitGoAsPartsUnderIt) {
       ring_out[k].push_back(ring_in[k][r]);
     }
   const std::vector<uint64_t> ag_bounds = {0, 1990, 3980, ag_count};
-  auto g = thc::transport::make_inproc_group(n, 30000);
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> err(n);
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto red = thc::transport::make_scheduled_reducer(
-            std::make_unique<RecordingLink>(thc::transport::make_inproc_link(g, r), &sent[r]), opt);
+  run(
+      n, opt, 30000,
+      [&](int r, Reducer& red) {
         std::vector<uint8_t> packed(ps_count / 2, static_cast<uint8_t>(0x11 * (r + 1)));
         sums[r].assign(ps_count, 0);
-        red->start_lookup_sum(packed.data(), ps_count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
-        for (int k = 0; k < 2; ++k) red->start_sum(ring_out[k][r].data(), ring_counts[k], IntType::kU8)->wait();
+        red.start_lookup_sum(packed.data(), ps_count, table, sums[r].data(), IntType::kU8, nullptr)->wait();
+        for (int k = 0; k < 2; ++k) red.start_sum(ring_out[k][r].data(), ring_counts[k], IntType::kU8)->wait();
         ag[r].assign(ag_count, 0);
         for (uint64_t i = ag_bounds[r]; i < ag_bounds[r + 1]; ++i) ag[r][i] = static_cast<uint8_t>(i * 7 + 1);
-        red->start_allgather(ag[r].data(), ag_bounds)->wait();
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+        red.start_allgather(ag[r].data(), ag_bounds)->wait();
+      },
+      record_into(sent));
   for (int r = 0; r < n; ++r) {
     // Codes 1, 2, 3 on ranks 0, 1, 2: every sum is 6.
     for (uint64_t i = 0; i < ps_count; ++i) ASSERT_EQ(sums[r][i], 6) << "rank " << r << " element " << i;
