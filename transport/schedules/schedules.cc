@@ -180,6 +180,9 @@ class Sched : public Request {
       }
     });
   }
+  // The parts of a message stay consecutive among the sends of its tag (what the receiver's
+  // parts match by): each queue is FIFO, and every schedule sends a tag through one queue only
+  // (urgent sends use a phase tag of their own).
   void send(int peer, uint32_t tag, const uint8_t* buf, size_t bytes, uint64_t index, bool urgent = false) {
     const uint32_t split = new_split(bytes);
     for_parts(bytes, [&](size_t off, size_t len) {
@@ -279,8 +282,7 @@ class Sched : public Request {
   // handshake is amortised, and parts would only add messages).
   uint32_t parts(size_t bytes) const {
     const uint64_t e = sh_->opt.eager_bytes;
-    if (e == 0 || bytes <= e || bytes > 2 * e) return 1;
-    return 2;
+    return e != 0 && bytes > e && bytes <= 2 * e ? 2 : 1;
   }
   template <class F>
   void for_parts(size_t bytes, F&& f) {
