@@ -111,6 +111,21 @@ class Reducer {
     return start_sum(buf, bounds.empty() ? 0 : bounds.back(), IntType::kU8);
   }
 
+  // Index form with the indices in a buffer the request takes over: a transport that owns every
+  // buffer its sends read (a send it cannot cancel after a peer fails must never read memory the
+  // caller reuses) copies the caller's indices in start_lookup_sum; here the caller encodes
+  // straight into input_buffer(bytes) (at least `bytes`, contents unspecified, from the
+  // transport's recycled buffers) and hands it over: packed is left empty, nothing is copied.
+  // Only where adopts_input().
+  virtual bool adopts_input() const { return false; }
+  virtual std::vector<uint8_t> input_buffer(size_t bytes) { return std::vector<uint8_t>(bytes); }
+  virtual std::unique_ptr<Request> start_lookup_sum_adopt(std::vector<uint8_t>&& packed, uint64_t count,
+                                                          const LookupTable& table, void* sums, IntType type,
+                                                          const DownstreamCodec* down) {
+    (void)packed, (void)count, (void)table, (void)sums, (void)type, (void)down;
+    fail(Status::kInternal, name() + " backend: start_lookup_sum_adopt without adopts_input()");
+  }
+
   // Whether start_lookup_sum takes sums == nullptr and then keeps the result in a buffer of its
   // own (Request::lent_sums): a result that the transport received in its own buffers (it must
   // own every buffer a peer may still write after a failure) is then not copied again.

@@ -455,8 +455,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
 
   // The colocated PS's sums are decoded where the transport gathered them, if it lends them.
   const bool lend = algo == Algo::kPs && reducer_->lends_sums();
+  // And its indices encoded into a buffer the transport takes over, if it adopts them (no copy).
+  const bool adopt = algo == Algo::kPs && reducer_->adopts_input();
   struct Slot {
     std::vector<float> x;  // this chunk's input (grad + e), kept for a worker left out
+    std::vector<uint8_t> own;  // adopt: the transport's buffer the indices go into, until started
     uint8_t* packed = nullptr;
     uint8_t* sums = nullptr;
     std::unique_ptr<transport::Request> req;
@@ -474,7 +477,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     Slot& s = slots[i];
     if (!sendf) s.x.resize(buf_elems);
     if (!lend) s.sums = stage(2 * i, max_wire * wsz);
-    if (algo == Algo::kPs) s.packed = stage(2 * i + 1, cod.packed_bytes(max_wire) + 8);
+    if (algo == Algo::kPs && !adopt) s.packed = stage(2 * i + 1, cod.packed_bytes(max_wire) + 8);
   }
 
   std::vector<float> obuf(recvf ? 0 : buf_elems);
@@ -549,6 +552,10 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
+      if (adopt) {
+        s.own = reducer_->input_buffer(cod.packed_bytes(max_wire) + 8);
+        s.packed = s.own.data();
+      }
       if (algo == Algo::kPs) {
         out.packed = s.packed;
       } else {
@@ -561,7 +568,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       uint64_t wire = 0;
       for (uint64_t k = 0; k < s.nblk; ++k) wire += lay.wire(b0 + k);
       wire_total += wire;
-      if (algo == Algo::kPs) {
+      if (adopt) {
+        s.req = reducer_->start_lookup_sum_adopt(std::move(s.own), wire, plan.table, s.sums, cod.sum_type(),
+                                                 plan.down.get());
+        s.packed = nullptr;
+      } else if (algo == Algo::kPs) {
         s.req = reducer_->start_lookup_sum(s.packed, wire, plan.table, s.sums, cod.sum_type(),
                                            plan.down.get());
       } else {

@@ -29,12 +29,16 @@ class HostCodec {
 
   int threads() const { return threads_; }
 
+  // encode() runs progress once per this many elements the caller encodes (see host_codec.cc).
+  static constexpr uint64_t kProgressElems = uint64_t{1} << 16;
+
   // Codec::prelude of the whole blocks starting at x (x at a block boundary of the call; count
   // reaches the end of the call or a block boundary).
   bool prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats);
 
   // Codec::encode of blocks [first, first + n): out's pointers at the first block, as for
-  // Codec::encode. The calling thread runs progress() (if set) after each block it encodes.
+  // Codec::encode. The calling thread runs progress() (if set) after each kProgressElems
+  // elements it encodes (counted in whole blocks).
   void encode(const codec::Codec& c, const codec::Layout& lay, uint64_t first, uint64_t n, const float* x,
               const float* stats, const codec::CallRng& rng, const codec::Codec::EncodeOut& out,
               const std::function<void()>& progress = nullptr);

@@ -342,7 +342,8 @@ class Sched : public Request {
 class PsSum final : public Sched {
  public:
   PsSum(std::shared_ptr<Shared> sh, const uint8_t* packed, uint64_t count, const LookupTable& table, void* sums,
-        IntType type, const DownstreamCodec* down, const std::vector<uint64_t>* bounds = nullptr, bool gather = true)
+        IntType type, const DownstreamCodec* down, const std::vector<uint64_t>* bounds = nullptr, bool gather = true,
+        std::vector<uint8_t>* adopt = nullptr)
       : Sched(std::move(sh), gather ? "parameter server (reduce-scatter of indices, allgather of sums)"
                                     : "reduce-scatter of indices (lookup-sum on each shard's owner)"),
         n_(link().size()), r_(link().rank()), count_(count), table_(table), sums_(static_cast<uint8_t*>(sums)),
@@ -367,8 +368,17 @@ class PsSum final : public Sched {
       }
     }
     const uint64_t packed_bytes = (count * static_cast<uint64_t>(b) + 7) / 8;
-    in_ = take(packed_bytes + 1);
-    if (packed_bytes) std::memcpy(in_.data(), packed, packed_bytes);
+    if (adopt) {
+      // The caller encoded into a buffer of ours (Reducer::input_buffer): taken over, not copied.
+      if (adopt->size() < packed_bytes)
+        fail(Status::kInvalidArgument, "lookup sum: the indices' buffer holds " + std::to_string(adopt->size()) +
+                                           " bytes, " + std::to_string(packed_bytes) + " needed");
+      in_ = std::move(*adopt);
+      adopt->clear();
+    } else {
+      in_ = take(packed_bytes + 1);
+      if (packed_bytes) std::memcpy(in_.data(), packed, packed_bytes);
+    }
     const std::vector<Piece>& mine = pieces_[r_];
     const uint64_t my_first = off_[r_], my_elems = off_[r_ + 1] - off_[r_];
     const uint64_t my_bytes = (my_elems * static_cast<uint64_t>(b) + 7) / 8;
@@ -779,6 +789,16 @@ class ScheduledReducer final : public Reducer {
     if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
       fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
     return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, down);
+  }
+  bool adopts_input() const override { return true; }
+  std::vector<uint8_t> input_buffer(size_t bytes) override { return sh_->take(bytes); }
+  std::unique_ptr<Request> start_lookup_sum_adopt(std::vector<uint8_t>&& packed, uint64_t count,
+                                                  const LookupTable& table, void* sums, IntType type,
+                                                  const DownstreamCodec* down) override {
+    sh_->check_usable();
+    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
+      fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
+    return std::make_unique<PsSum>(sh_, nullptr, count, table, sums, type, down, nullptr, true, &packed);
   }
   std::unique_ptr<Request> start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
                                                     const std::vector<uint64_t>& bounds) override {

@@ -165,6 +165,17 @@ TEST_P(Schedules, LookupSumEqualsTheSumOfTableValues) {
               const auto* p = static_cast<const uint8_t*>(req->lent_sums());
               ASSERT_NE(p, nullptr);
               lent[r].assign(p, p + count * width(t));
+              // The indices encoded into the transport's buffer and handed over, not copied.
+              ASSERT_TRUE(red.adopts_input());
+              std::vector<uint8_t> in = red.input_buffer(bytes);
+              ASSERT_GE(in.size(), bytes);
+              std::memcpy(in.data(), packed2[r].data(), bytes);
+              auto req3 = red.start_lookup_sum_adopt(std::move(in), count, table, nullptr, t, with_down ? &down : nullptr);
+              EXPECT_TRUE(in.empty()) << "the request takes the buffer over";
+              req3->wait();
+              const auto* p3 = static_cast<const uint8_t*>(req3->lent_sums());
+              ASSERT_NE(p3, nullptr);
+              EXPECT_EQ(std::vector<uint8_t>(p3, p3 + count * width(t)), lent[r]) << "adopted, rank " << r;
             });
             for (uint64_t i = 0; i < count; ++i) {
               int64_t want = 0, want2 = 0;
@@ -468,6 +479,28 @@ TEST(SchedulesFaults, TimeoutBoundsInactivityNotTheWholeOperation) {
     for (int r = 0; r < n; ++r)
       ASSERT_EQ(load(IntType::kU32, v[r].data(), i),
                 wrap(IntType::kU32, load(IntType::kU32, in[0].data(), i) + load(IntType::kU32, in[1].data(), i)));
+}
+
+// A buffer too small for the indices is refused, naming both sizes; the reducer stays usable.
+TEST(SchedulesFaults, AnAdoptedBufferTooSmallIsRefused) {
+  LookupTable table;
+  table.bits = 4;
+  table.values.assign(16, 1);
+  run(2, ScheduleOptions{}, 30000, [&](int, Reducer& red) {
+    try {
+      red.start_lookup_sum_adopt(std::vector<uint8_t>(49), 100, table, nullptr, IntType::kU8, nullptr);
+      ADD_FAILURE() << "expected kInvalidArgument";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("49 bytes, 50 needed"), std::string::npos) << e.what();
+    }
+    std::vector<uint8_t> in = red.input_buffer(50);
+    std::memset(in.data(), 0x11, 50);
+    auto req = red.start_lookup_sum_adopt(std::move(in), 100, table, nullptr, IntType::kU8, nullptr);
+    req->wait();
+    const auto* p = static_cast<const uint8_t*>(req->lent_sums());
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(p[i], 2);
+  });
 }
 
 TEST(SchedulesFaults, BadTableIsRefused) {
