@@ -340,9 +340,15 @@ void Engine::run_stream(Stream& st) {
     max_wire = std::max(max_wire, c.wire);
     max_elems = std::max(max_elems, c.elems);
   }
+  // An allreduce through the colocated PS decodes its sums where the transport gathered them
+  // (lent), and encodes its indices into a buffer the transport takes over (adopted), where the
+  // transport offers that: neither is copied (as in allreduce_host).
+  const bool ps_allreduce = st.kind == Kind::kAllreduce && algo == Algo::kPs;
+  const bool lend = ps_allreduce && reducer_->lends_sums();
+  const bool adopt = ps_allreduce && reducer_->adopts_input();
   struct Slot {
     std::vector<float> x;  // staged input (grad + e); kept for a rank left out of an aggregate
-    std::vector<uint8_t> packed;
+    std::vector<uint8_t> packed;  // adopt: taken from the transport per chunk, handed back at start
     std::vector<uint8_t> sums;
     std::unique_ptr<transport::Request> req;
     size_t ci = 0;
@@ -359,8 +365,8 @@ void Engine::run_stream(Stream& st) {
   Slot slots[2];
   for (Slot& s : slots) {
     if (stage_in) s.x.resize(max_elems);
-    if (packed_form) s.packed.resize(cod.packed_bytes(max_wire) + 8);
-    if (st.kind != Kind::kAllgather) s.sums.resize(max_wire * wsz + 1);
+    if (packed_form && !adopt) s.packed.resize(cod.packed_bytes(max_wire) + 8);
+    if (st.kind != Kind::kAllgather && !lend) s.sums.resize(max_wire * wsz + 1);
   }
   constexpr uint64_t kGroup = 8;  // blocks decoded between two looks at the transfer in flight
   std::vector<uint8_t> vals(st.kind == Kind::kAllgather ? kGroup * B * wsz : 0);
@@ -410,10 +416,12 @@ void Engine::run_stream(Stream& st) {
     const std::vector<transport::Request::Part> parts = s.req->parts();
     const int c0 = s.req->contributors();
     const Contrib whole{c0 < 0 ? n : c0, s.req->self_counted()};
-    // The operation's buffers go before the decode (as allreduce_host does): freed in the same
-    // order every chunk, the allocator reuses them instead of returning them to the system and
-    // faulting them in again for the next chunk.
-    s.req.reset();
+    // The operation's buffers go before the decode (freed in the same order every chunk, the
+    // allocator reuses them instead of returning them to the system and faulting them in again
+    // for the next chunk), but for lent sums: those live as long as the request, to the decode's end.
+    const uint8_t* const sums0 = lend ? static_cast<const uint8_t*>(s.req->lent_sums()) : s.sums.data();
+    if (lend && !sums0) fail(Status::kInternal, "the transport lent no sums");
+    if (!lend) s.req.reset();
     s.live = false;
     for (const Run& r : c.runs) {
       Seg& sg = st.segs[r.seg];
@@ -435,7 +443,7 @@ void Engine::run_stream(Stream& st) {
           transport::lookup_add(table, s.packed.data() + woff * bits / 8, 0, w, cod.sum_type(), vals.data());
           sums = vals.data();
         } else {
-          sums = s.sums.data() + woff * wsz;
+          sums = sums0 + woff * wsz;
         }
         const bool direct = sg.out_dtype == DType::kF32;
         float* dst = direct ? static_cast<float*>(sg.recv) + first : obuf.data();
@@ -454,6 +462,7 @@ void Engine::run_stream(Stream& st) {
         if (drive && drive->req) drive->req->test();
       }
     }
+    s.req.reset();
   };
 
   // Left behind (the job went on without this rank): nothing of the call from chunk `from` on was
@@ -489,6 +498,7 @@ void Engine::run_stream(Stream& st) {
       Slot& s = slots[cur];
       s.ci = ci;
       const Chunk& c = chunks[ci];
+      if (adopt) s.packed = reducer_->input_buffer(cod.packed_bytes(max_wire) + 8);
       // Gaps between runs (alignment) travel as zeros.
       if (packed_form) std::memset(s.packed.data(), 0, cod.packed_bytes(c.wire));
       if (!packed_form) std::memset(s.sums.data(), 0, c.wire * wsz);
@@ -516,9 +526,12 @@ void Engine::run_stream(Stream& st) {
       wire_total += c.wire;
       encoded_to = ci + 1;
       if (st.kind == Kind::kAllreduce) {
-        if (algo == Algo::kPs) {
-          s.req = reducer_->start_lookup_sum(s.packed.data(), c.wire, plan.table, s.sums.data(), cod.sum_type(),
-                                             plan.down.get());
+        if (adopt) {
+          s.req = reducer_->start_lookup_sum_adopt(std::move(s.packed), c.wire, plan.table, nullptr, cod.sum_type(),
+                                                   plan.down.get());
+        } else if (algo == Algo::kPs) {
+          s.req = reducer_->start_lookup_sum(s.packed.data(), c.wire, plan.table, lend ? nullptr : s.sums.data(),
+                                             cod.sum_type(), plan.down.get());
         } else {
           s.req = reducer_->start_sum(s.sums.data(), c.wire, cod.sum_type());
         }
