@@ -344,7 +344,7 @@ void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t
     tb.g_over_2t = static_cast<float>(g_ / (2.0 * t_p_));
     // work = H D (x 2^-e), zero-padded to the wire size (prescale_signs, then fwht), then the
     // rounding. Meanwhile the input of the block after next (contiguous in this call; past its
-    // end the prefetch fetches nothing useful but does no harm) moves towards L2: the RHT's
+    // end the prefetch fetches nothing useful but does no harm) moves into the caches: the RHT's
     // first pass, which reads it, otherwise waits for memory while the rest of the encode leaves
     // it idle. Two blocks ahead rather than one: about 4 % faster on 64 MB (one or four: slower).
     kern::thc_encode_block(x, elems, wire, -bs.exp, rng.shared(), blk, bs.enc, tb, own, work, idx,

@@ -268,7 +268,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     };
     if constexpr (sizeof(hn::Vec<DF>{}.raw) == 64) {
       for (; i + step <= n; i += step) {
-        if (prefetch) PrefetchL2(prefetch + i, step);
+        if (prefetch) PrefetchAhead(prefetch + i, step);
         PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
       }
     }
@@ -300,7 +300,7 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
       }
     };
     for (; i + step <= n; i += step) {
-      if (prefetch) PrefetchL2(prefetch + i, step);
+      if (prefetch) PrefetchAhead(prefetch + i, step);
       PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
     }
   }

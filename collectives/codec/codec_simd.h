@@ -81,7 +81,7 @@ void thc_decode_block_scalar(IntType t, const void* sums, uint64_t off, uint64_t
 // thc_round(v, u_i) with u_i the own-stream rounding uniform of element i of block blk
 // (philox.h: rng::round_unit of the 16 bits rng::round_bits of group i / 8).
 // Writes indices and/or values (either may be null). prefetch (may be null, need not be valid
-// memory): n floats the caller reads next, fetched towards L2 while the rounding computes.
+// memory): n floats the caller reads next, fetched into the caches while the rounding computes.
 void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,
                   uint64_t blk, uint8_t* idx, int32_t* val, const float* prefetch = nullptr);
 void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTables& tb, const rng::Stream& own,

@@ -442,7 +442,7 @@ void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n,
     const V patm0 = MulLo32(d64, base, m0);
     const V patm1 = MulLo32(d64, hn::Add(base, hn::Set(d64, 4 * (h0 / 8))), m0);
     for (uint64_t j = 0; j < h0; j += 16) {
-      if (prefetch) PrefetchL2(prefetch + 8 * j, 128);
+      if (prefetch) PrefetchAhead(prefetch + 8 * j, 128);
       __m512 v[8];
       HWY_UNROLL(8)
       for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(work + j + r * h0);
