@@ -481,6 +481,37 @@ TEST(SchedulesFaults, TimeoutBoundsInactivityNotTheWholeOperation) {
                 wrap(IntType::kU32, load(IntType::kU32, in[0].data(), i) + load(IntType::kU32, in[1].data(), i)));
 }
 
+// A peer that never takes part in an adopted lookup sum: a timeout naming it, and the indices'
+// buffer (now the request's) outlives sends that may still read it (ASan would see otherwise).
+TEST(SchedulesFaults, AMissingPeerDuringAnAdoptedLookupSumIsATimeout) {
+  const int n = 3;
+  LookupTable table;
+  table.bits = 4;
+  table.values.assign(16, 1);
+  std::vector<Status> st(n, Status::kSuccess);
+  std::vector<std::string> msg(n);
+  std::atomic<int> finished{0};
+  run(n, ScheduleOptions{}, 300, [&](int r, Reducer& red) {
+    if (r == 2) {
+      while (finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<uint8_t> in = red.input_buffer(200000);
+    std::memset(in.data(), 0x35, 200000);
+    try {
+      red.start_lookup_sum_adopt(std::move(in), 400000, table, nullptr, IntType::kU8, nullptr)->wait();
+    } catch (const Error& e) {
+      st[r] = e.status();
+      msg[r] = e.what();
+    }
+    finished++;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r], Status::kTimeout) << msg[r];
+    EXPECT_NE(msg[r].find("2 (a peer died"), std::string::npos) << msg[r];  // the last rank named
+  }
+}
+
 // A buffer too small for the indices is refused, naming both sizes; the reducer stays usable.
 TEST(SchedulesFaults, AnAdoptedBufferTooSmallIsRefused) {
   LookupTable table;
