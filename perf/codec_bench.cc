@@ -31,6 +31,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/codec/codec.h"
@@ -215,22 +216,29 @@ void encode_threads_bench(benchmark::State& state, const Params& params) {
   set_bytes(state);
 }
 
-void decode_bench(benchmark::State& state, const Params& params) {
-  const auto& x = input();
-  const Codec c(params, kWorkers);
-  const Layout l = c.layout(kCount);
-  std::vector<float> stats(l.nblocks);
-  c.prelude(x.data(), kCount, stats.data());
+// What a decode reads: the sums of kWorkers workers' value-form codes of x (layout l, the
+// statistics of x), each worker with its own rounding stream.
+std::vector<uint8_t> worker_sums(const Codec& c, const Layout& l, const float* x, const float* stats) {
   const size_t w = thc::codec::int_size(c.sum_type());
   std::vector<uint8_t> vals(l.wire_count * w), sums(l.wire_count * w);
   std::vector<int64_t> total(l.wire_count, 0);
   for (int r = 0; r < kWorkers; ++r) {
     Codec::EncodeOut out;
     out.values = vals.data();
-    c.encode(l, 0, l.nblocks, x.data(), stats.data(), CallRng{7, static_cast<uint32_t>(r), 0}, out);
+    c.encode(l, 0, l.nblocks, x, stats, CallRng{7, static_cast<uint32_t>(r), 0}, out);
     for (uint64_t i = 0; i < l.wire_count; ++i) total[i] += thc::codec::load_int(c.sum_type(), vals.data(), i);
   }
   for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
+  return sums;
+}
+
+void decode_bench(benchmark::State& state, const Params& params) {
+  const auto& x = input();
+  const Codec c(params, kWorkers);
+  const Layout l = c.layout(kCount);
+  std::vector<float> stats(l.nblocks);
+  c.prelude(x.data(), kCount, stats.data());
+  const std::vector<uint8_t> sums = worker_sums(c, l, x.data(), stats.data());
   std::vector<float> y(kCount);
   // range(1) (optional): threads of the engine's host codec (0: Codec::decode directly).
   const int threads = static_cast<int>(state.range(1));
@@ -256,16 +264,7 @@ void decode_hot_bench(benchmark::State& state, const Params& params) {
   const Layout l = c.layout(B);
   float stat = 0;
   c.prelude(x.data(), B, &stat);
-  const size_t w = thc::codec::int_size(c.sum_type());
-  std::vector<uint8_t> vals(l.wire_count * w), sums(l.wire_count * w);
-  std::vector<int64_t> total(l.wire_count, 0);
-  for (int r = 0; r < kWorkers; ++r) {
-    Codec::EncodeOut out;
-    out.values = vals.data();
-    c.encode(l, 0, 1, x.data(), &stat, CallRng{7, static_cast<uint32_t>(r), 0}, out);
-    for (uint64_t i = 0; i < l.wire_count; ++i) total[i] += thc::codec::load_int(c.sum_type(), vals.data(), i);
-  }
-  for (uint64_t i = 0; i < l.wire_count; ++i) thc::codec::store_int(c.sum_type(), sums.data(), i, total[i]);
+  const std::vector<uint8_t> sums = worker_sums(c, l, x.data(), &stat);
   std::vector<float> y(B);
   thc::codec::Workspace ws;
   for (auto _ : state) {
@@ -386,18 +385,8 @@ void register_benchmarks() {
       ->Args({16, 0})
       ->Args({14, 0})
       ->Apply(common);
-  benchmark::RegisterBenchmark("BM_ThcEncodePhase", BM_ThcEncodePhase)
-      ->ArgNames({"log2B", "phase"})
-      ->Args({14, 0})
-      ->Args({14, 1})
-      ->Args({14, 2})
-      ->Apply(common);
-  benchmark::RegisterBenchmark("BM_CnatEncodePhase", BM_CnatEncodePhase)
-      ->ArgNames({"log2B", "phase"})
-      ->Args({14, 0})
-      ->Args({14, 1})
-      ->Args({14, 2})
-      ->Apply(common);
+  for (auto [name, fn] : {std::pair{"BM_ThcEncodePhase", BM_ThcEncodePhase}, {"BM_CnatEncodePhase", BM_CnatEncodePhase}})
+    benchmark::RegisterBenchmark(name, fn)->ArgNames({"log2B", "phase"})->Args({14, 0})->Args({14, 1})->Args({14, 2})->Apply(common);
   benchmark::RegisterBenchmark("BM_ThcDecodeHot", BM_ThcDecodeHot)->ArgName("log2B")->Arg(14)->Apply(common);
   benchmark::RegisterBenchmark("BM_LookupAdd", BM_LookupAdd)->Apply(common);
   benchmark::RegisterBenchmark("BM_AddInts", BM_AddInts)->ArgName("bytes")->Arg(1)->Arg(2)->Apply(common);

@@ -291,15 +291,22 @@ HWY_INLINE uint64_t FirstPass(float* HWY_RESTRICT x, uint64_t n, uint64_t limit,
   return span;
 }
 
-// The stages after the first pass (h = h0 .. n/2), in passes of at most 4 stages, sized as
-// evenly as possible; the last pass hands its results to last_store, the others store in place.
+// A pass's results stored back where they were read.
+struct InPlace {
+  float* x;
+  HWY_INLINE void operator()(uint64_t i, __m512 v) const { _mm512_storeu_ps(x + i, v); }
+};
+
+// Stages h = h0 .. top / 2 over x[0..n) (top a power of two, at most n), in passes of at most 4
+// stages, sized as evenly as possible; the last pass hands its results to last_store, the others
+// store in place. top = n: every stage after a first pass of span h0.
 template <class Store>
-HWY_INLINE void LaterPasses(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, const Store& last_store) {
+HWY_INLINE void StagePasses(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, uint64_t top, const Store& last_store) {
   int rest = 0;
-  while ((h0 << rest) < n) ++rest;
+  while ((h0 << rest) < top) ++rest;
   const int passes = (rest + 3) / 4;
   uint64_t h = h0;
-  auto in_place = [x](uint64_t i, __m512 v) { _mm512_storeu_ps(x + i, v); };
+  const InPlace in_place{x};
   for (int p = 0; p < passes; ++p) {
     const int r = (rest + (passes - p) - 1) / (passes - p);  // ceil(rest / passes left)
     if (p + 1 < passes) {
@@ -340,7 +347,7 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
 #if THC_FWHT_AVX512
   if (n >= 128) {
     const uint64_t span = FirstPass(x, n, n, [x](uint64_t i) { return _mm512_loadu_ps(x + i); });
-    LaterPasses(x, n, span, [x](uint64_t i, __m512 v) { _mm512_storeu_ps(x + i, v); });
+    StagePasses(x, n, span, n, InPlace{x});
     return;
   }
 #endif
@@ -390,15 +397,7 @@ HWY_INLINE uint64_t ForwardFirstPass(const float* HWY_RESTRICT x, uint64_t elems
 // The passes between a first pass of span h0 (FirstPass with limit n / 8) and a last pass of
 // three stages (n >= 1024): stages h = h0 .. n / 16, in place.
 HWY_INLINE void MiddlePasses(float* HWY_RESTRICT work, uint64_t n, uint64_t h0) {
-  int rest = 0;
-  while ((h0 << rest) < n / 8) ++rest;
-  uint64_t h = h0;
-  for (int passes = (rest + 3) / 4, p = 0; p < passes; ++p) {
-    const int r = (rest + (passes - p) - 1) / (passes - p);
-    RadixPassR(r, work, n, h, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
-    rest -= r;
-    h <<= r;
-  }
+  StagePasses(work, n, h0, n / 8, InPlace{work});
 }
 #endif
 
@@ -408,7 +407,7 @@ void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, 
 #if THC_FWHT_AVX512
   if (n >= 128) {
     const uint64_t span = ForwardFirstPass(x, elems, n, n, e, shared, blk, work);
-    LaterPasses(work, n, span, [work](uint64_t i, __m512 v) { _mm512_storeu_ps(work + i, v); });
+    StagePasses(work, n, span, n, InPlace{work});
     return;
   }
 #endif
@@ -572,7 +571,7 @@ void RotateInverseImpl(float* HWY_RESTRICT work, uint64_t n, uint64_t m, int e, 
   if (n >= 256) {
     // limit n / 2: at least one later pass, which writes out.
     const uint64_t span = FirstPass(work, n, n / 2, [work](uint64_t i) { return _mm512_loadu_ps(work + i); });
-    LaterPasses(work, n, span, MakeInverseStore(shared, blk, n, m, e, sub, out));
+    StagePasses(work, n, span, n, MakeInverseStore(shared, blk, n, m, e, sub, out));
     return;
   }
 #endif
@@ -625,7 +624,7 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
     _mm_sfence();  // the streamed lines are ordered before anything this thread stores next
     return;
   }
-  LaterPasses(work, n, span, st);
+  StagePasses(work, n, span, n, st);
 }
 #endif
 

@@ -467,6 +467,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   };
   Slot slots[2];
   const uint64_t max_wire = max_run * B;
+  const size_t packed_cap = cod.packed_bytes(max_wire) + 8;  // a chunk's packed codes, with room to spare
   // Staging kept by the communicator (stage_), grown to the chunk: allocated and zero-filled per
   // call it cost page faults every call.
   auto stage = [this](size_t i, size_t bytes) {
@@ -477,7 +478,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     Slot& s = slots[i];
     if (!sendf) s.x.resize(buf_elems);
     if (!lend) s.sums = stage(2 * i, max_wire * wsz);
-    if (algo == Algo::kPs && !adopt) s.packed = stage(2 * i + 1, cod.packed_bytes(max_wire) + 8);
+    if (algo == Algo::kPs && !adopt) s.packed = stage(2 * i + 1, packed_cap);
   }
 
   std::vector<float> obuf(recvf ? 0 : buf_elems);
@@ -553,7 +554,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
       if (adopt) {
-        s.own = reducer_->input_buffer(cod.packed_bytes(max_wire) + 8);
+        s.own = reducer_->input_buffer(packed_cap);
         s.packed = s.own.data();
       }
       if (algo == Algo::kPs) {

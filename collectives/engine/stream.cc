@@ -346,6 +346,7 @@ void Engine::run_stream(Stream& st) {
   const bool ps_allreduce = st.kind == Kind::kAllreduce && algo == Algo::kPs;
   const bool lend = ps_allreduce && reducer_->lends_sums();
   const bool adopt = ps_allreduce && reducer_->adopts_input();
+  const size_t packed_cap = cod.packed_bytes(max_wire) + 8;  // a chunk's packed codes, with room to spare
   struct Slot {
     std::vector<float> x;  // staged input (grad + e); kept for a rank left out of an aggregate
     std::vector<uint8_t> packed;  // adopt: taken from the transport per chunk, handed back at start
@@ -365,7 +366,7 @@ void Engine::run_stream(Stream& st) {
   Slot slots[2];
   for (Slot& s : slots) {
     if (stage_in) s.x.resize(max_elems);
-    if (packed_form && !adopt) s.packed.resize(cod.packed_bytes(max_wire) + 8);
+    if (packed_form && !adopt) s.packed.resize(packed_cap);
     if (st.kind != Kind::kAllgather && !lend) s.sums.resize(max_wire * wsz + 1);
   }
   constexpr uint64_t kGroup = 8;  // blocks decoded between two looks at the transfer in flight
@@ -498,7 +499,7 @@ void Engine::run_stream(Stream& st) {
       Slot& s = slots[cur];
       s.ci = ci;
       const Chunk& c = chunks[ci];
-      if (adopt) s.packed = reducer_->input_buffer(cod.packed_bytes(max_wire) + 8);
+      if (adopt) s.packed = reducer_->input_buffer(packed_cap);
       // Gaps between runs (alignment) travel as zeros.
       if (packed_form) std::memset(s.packed.data(), 0, cod.packed_bytes(c.wire));
       if (!packed_form) std::memset(s.sums.data(), 0, c.wire * wsz);

@@ -753,6 +753,12 @@ void check_bounds(const std::vector<uint64_t>& b, int n, uint64_t count, bool by
                                        (by8 ? ", multiples of 8" : ""));
 }
 
+// A lookup table the index form can apply: 2^bits values, bits in 1..8 (`what` names the operation).
+void check_table(const LookupTable& t, const char* what) {
+  if (t.bits < 1 || t.bits > 8 || t.values.size() < (size_t{1} << t.bits))
+    fail(Status::kInvalidArgument, std::string(what) + ": the table needs 2^bits values, bits in 1..8");
+}
+
 class ScheduledReducer final : public Reducer {
  public:
   ScheduledReducer(std::unique_ptr<Link> link, const ScheduleOptions& opt) : sh_(std::make_shared<Shared>()) {
@@ -786,8 +792,7 @@ class ScheduledReducer final : public Reducer {
   std::unique_ptr<Request> start_lookup_sum(const uint8_t* packed, uint64_t count, const LookupTable& table,
                                             void* sums, IntType type, const DownstreamCodec* down) override {
     sh_->check_usable();
-    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
-      fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
+    check_table(table, "lookup sum");
     return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, down);
   }
   bool adopts_input() const override { return true; }
@@ -796,8 +801,7 @@ class ScheduledReducer final : public Reducer {
                                                   const LookupTable& table, void* sums, IntType type,
                                                   const DownstreamCodec* down) override {
     sh_->check_usable();
-    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
-      fail(Status::kInvalidArgument, "lookup sum: the table needs 2^bits values, bits in 1..8");
+    check_table(table, "lookup sum");
     return std::make_unique<PsSum>(sh_, nullptr, count, table, sums, type, down, nullptr, true, &packed);
   }
   std::unique_ptr<Request> start_reduce_scatter_sum(void* data, uint64_t count, IntType type,
@@ -810,8 +814,7 @@ class ScheduledReducer final : public Reducer {
                                                        void* sums, IntType type,
                                                        const std::vector<uint64_t>& bounds) override {
     sh_->check_usable();
-    if (table.bits < 1 || table.bits > 8 || table.values.size() < (size_t{1} << table.bits))
-      fail(Status::kInvalidArgument, "lookup reduce-scatter: the table needs 2^bits values, bits in 1..8");
+    check_table(table, "lookup reduce-scatter");
     check_bounds(bounds, size(), count, true);
     return std::make_unique<PsSum>(sh_, packed, count, table, sums, type, nullptr, &bounds, false);
   }

@@ -14,15 +14,11 @@ using thc::codec::CallRng;
 using thc::codec::Codec;
 using thc::codec::Layout;
 using thc::codec::Params;
-using thc::codec::Scheme;
 using thc::engine::HostCodec;
 
+// THC at its defaults (b = 4, g = 30, p = 1/32) with blocks of 2^block_log2.
 Params thc4(int block_log2) {
   Params p;
-  p.scheme = Scheme::kThc;
-  p.bits = 4;
-  p.granularity = 30;
-  p.p = 1.0 / 32;
   p.block_log2 = block_log2;
   return p;
 }

@@ -481,13 +481,19 @@ TEST(SchedulesFaults, TimeoutBoundsInactivityNotTheWholeOperation) {
                 wrap(IntType::kU32, load(IntType::kU32, in[0].data(), i) + load(IntType::kU32, in[1].data(), i)));
 }
 
+// b = 4, every index worth 1: a lookup sum counts the ranks.
+LookupTable ones4() {
+  LookupTable t;
+  t.bits = 4;
+  t.values.assign(16, 1);
+  return t;
+}
+
 // A peer that never takes part in an adopted lookup sum: a timeout naming it, and the indices'
 // buffer (now the request's) outlives sends that may still read it (ASan would see otherwise).
 TEST(SchedulesFaults, AMissingPeerDuringAnAdoptedLookupSumIsATimeout) {
   const int n = 3;
-  LookupTable table;
-  table.bits = 4;
-  table.values.assign(16, 1);
+  const LookupTable table = ones4();
   std::vector<Status> st(n, Status::kSuccess);
   std::vector<std::string> msg(n);
   std::atomic<int> finished{0};
@@ -517,9 +523,7 @@ TEST(SchedulesFaults, AMissingPeerDuringAnAdoptedLookupSumIsATimeout) {
 
 // A buffer too small for the indices is refused, naming both sizes; the reducer stays usable.
 TEST(SchedulesFaults, AnAdoptedBufferTooSmallIsRefused) {
-  LookupTable table;
-  table.bits = 4;
-  table.values.assign(16, 1);
+  const LookupTable table = ones4();
   run(2, ScheduleOptions{}, 30000, [&](int, Reducer& red) {
     try {
       red.start_lookup_sum_adopt(std::vector<uint8_t>(49), 100, table, nullptr, IntType::kU8, nullptr);
