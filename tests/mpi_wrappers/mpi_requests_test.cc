@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -153,13 +154,17 @@ TEST(MpiRequests, FailuresAreTheRequestsOnEveryRank) {
 // MPI_Wait returned, which needs rank 0's part to have run.
 TEST(MpiRequests, ProgressWithoutTheCallerEnteringMpi) {
   if (world() < 2 || !threaded()) GTEST_SKIP() << "needs a peer and MPI_THREAD_MULTIPLE";
-  char path[256];
-  {
-    unsigned long tag = 0;
-    if (rank() == 0) tag = static_cast<unsigned long>(getpid());
-    MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG, 0, MPI_COMM_WORLD);
-    std::snprintf(path, sizeof path, "/tmp/thc-progress-%lu", tag);
+  // A fresh directory of rank 0's (a file left by an earlier, killed run must not stand in for the
+  // peers' signal).
+  char dir[256] = "/tmp/thc-progress-XXXXXX";
+  if (rank() == 0 && mkdtemp(dir) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << dir << ": " << std::strerror(errno);
+    dir[0] = '\0';
   }
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (dir[0] == '\0') return;  // every rank leaves together
+  char path[300];
+  std::snprintf(path, sizeof path, "%s/done", dir);
   MPI_Comm peers;
   MPI_Comm_split(MPI_COMM_WORLD, rank() == 0 ? 0 : 1, rank(), &peers);
   const int count = 200000;
@@ -175,6 +180,7 @@ TEST(MpiRequests, ProgressWithoutTheCallerEnteringMpi) {
     EXPECT_TRUE(seen) << "the peers' MPI_Wait did not return while rank 0 stayed out of MPI";
     EXPECT_EQ(MPI_Wait(&r, MPI_STATUS_IGNORE), MPI_SUCCESS);
     unlink(path);
+    rmdir(dir);
   } else {
     EXPECT_EQ(MPI_Wait(&r, MPI_STATUS_IGNORE), MPI_SUCCESS);
     MPI_Barrier(peers);

@@ -16,7 +16,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -49,9 +51,34 @@ inline uint64_t stats_nonce() {
   return n;
 }
 
+// A directory of this process's own ($TMPDIR or /tmp, made by mkdtemp), so that a test's files
+// never meet files another process left behind: a test process killed before its destructors ran
+// leaves its key file (created with O_EXCL, as keys must be) under a name that a later process with
+// the same pid would have chosen. Removed with everything in it when the process that made it
+// exits normally (not by a child that inherited it).
+inline const std::string& temp_dir() {
+  static const std::string dir = [] {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/thc_switch_test_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      throw std::runtime_error("cannot make a temporary directory from " + tmpl + ": " + std::strerror(errno));
+    return tmpl;
+  }();
+  static const pid_t owner = [] {
+    std::atexit([] {
+      if (::getpid() == owner) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+      }
+    });
+    return ::getpid();
+  }();
+  return dir;
+}
+
 inline std::string temp_path(const std::string& stem) {
   static int counter = 0;
-  return "/tmp/thc_switch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + stem;
+  return temp_dir() + "/" + std::to_string(counter++) + "_" + stem;
 }
 
 // Spawn argv[0] with argv; stdout+stderr go to log (if not empty); extra environment appended.

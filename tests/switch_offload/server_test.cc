@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -205,6 +206,38 @@ TEST(AggregatorServer, RejectsBadCommandLinesAndKeyFiles) {
     ::unlink(log.c_str());
   }
   ::unlink(open_keys.c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// CI once failed with "cannot create key file /tmp/thc_switch_test_26313_0_keys: File exists": an
+// earlier test process with the same pid had been killed before its destructors ran, and the
+// key file is (rightly) created with O_EXCL. A test's files must never meet files that another
+// process left behind, whatever their names.
+TEST(TestHarness, FilesLeftBehindByAnEarlierProcessWithThisPidDoNotStopATest) {
+  std::vector<std::string> stale;
+  for (int k = 0; k < 64; ++k)
+    for (const char* stem : {"keys", "port", "log"}) {
+      stale.push_back("/tmp/thc_switch_test_" + std::to_string(::getpid()) + "_" + std::to_string(k) + "_" + stem);
+      std::ofstream(stale.back()) << "left behind\n";
+    }
+  std::string path;
+  EXPECT_NO_THROW({
+    thc::test::TestKeyFile keys;
+    path = keys.path();
+    std::vector<thc::switch_offload::auth::Key> back;
+    std::string err;
+    EXPECT_TRUE(thc::switch_offload::auth::load_key_file(keys.path(), &back, &err)) << err;
+    EXPECT_EQ(back.size(), 3u);
+  });
+  for (const auto& s : stale) {
+    EXPECT_EQ(thc::test::slurp(s), "left behind\n") << s << " must not be touched";
+    ::unlink(s.c_str());
+  }
+  struct stat st {};
+  EXPECT_NE(::stat(path.c_str(), &st), 0) << "the key file outlives its owner: " << path;
 }
 
 }  // namespace
