@@ -359,13 +359,17 @@ __device__ __forceinline__ rng::Stream own_stream(const Rng& r, uint32_t round) 
 
 // RHT signs of the 8 elements j..j+7 (j a multiple of 8) of block blk: bit j % 128 of the
 // group j / 128 draw (rht.cc apply_signs), applied by flipping the float's sign bit.
-__device__ __forceinline__ void apply_signs8(const rng::Stream& s, uint64_t blk, uint64_t j, float v[8]) {
-  const auto key = rng::make_key(s);
-  const auto r = rng::draw4(key, s, rng::kPurposeSigns, blk, static_cast<uint32_t>(j / 128));
-  const uint32_t word = r.v[(j & 127) >> 5] >> (j & 31);
+// Flips v[k] where bit k of `word` is set (word: the sign word shifted down to element j).
+__device__ __forceinline__ void flip_signs8(uint32_t word, float v[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k)
     v[k] = __uint_as_float(__float_as_uint(v[k]) ^ (((word >> k) & 1u) << 31));
+}
+
+__device__ __forceinline__ void apply_signs8(const rng::Stream& s, uint64_t blk, uint64_t j, float v[8]) {
+  const auto key = rng::make_key(s);
+  const auto r = rng::draw4(key, s, rng::kPurposeSigns, blk, static_cast<uint32_t>(j / 128));
+  flip_signs8(r.v[(j & 127) >> 5] >> (j & 31), v);
 }
 
 }  // namespace thc::cuda::detail

@@ -97,6 +97,12 @@ struct LaunchOpts {
   int max_smem_log2 = 0;
   // Tile (log2 elements) of the multi-pass path's contiguous passes; 0 = 13.
   int multipass_tile_log2 = 0;
+  // THC kernel variant bits, for timing them against each other (thc_gpu_bench --variants): 1 =
+  // the RHT sign words drawn once per tile into shared memory, 2 = the encode loads its next chunk
+  // ahead of the current one's arithmetic, 4 = at most 512 threads per CTA (128 registers each).
+  // Float32 inputs only; every variant gives the same bits; 0 is the default until a device
+  // session has measured the others (thc_kernels.cu, kVar*).
+  int kernel_variant = 0;
 };
 
 // The 5-word call check that travels with the prelude statistics through the MAX allreduce:

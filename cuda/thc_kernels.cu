@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/fwht.cuh"
@@ -54,23 +55,94 @@ __device__ __forceinline__ int chunk_n(uint32_t m, uint64_t j) {
   return j >= m ? 0 : (m - j >= 8 ? 8 : static_cast<int>(m - j));
 }
 
+// Variants of the contiguous kernels (LaunchOpts::kernel_variant, bits), kept side by side until
+// a GPU session has timed them (thc_gpu_bench --variants): each gives the same bits as variant 0
+// (CodecKernels tests, on the emulator and on a device).
+//   kVarSmemSigns  the tile's RHT sign words are drawn once, one Philox call per 128 elements by
+//                  the first St/128 threads, into shared memory after the tile; variant 0 has
+//                  every thread draw the call of its 8 elements (16 threads draw each call), in
+//                  the prologue and again in the epilogue (decode, error feedback)
+//   kVarLoadAhead  the encode's first pass loads a thread's next chunk of input before the
+//                  arithmetic of this one, so the loads overlap the work instead of waiting for
+//                  it (one CTA per SM at block 2^15 leaves nothing else to hide them)
+//   kVarHalfThreads  at most 512 threads per CTA (launch bounds 512: up to 128 registers per
+//                  thread instead of 64), each thread taking twice the chunks
+// Variants apply to float32 inputs (what thc_gpu_bench times); 16-bit inputs run variant 0.
+constexpr int kVarSmemSigns = 1;
+constexpr int kVarLoadAhead = 2;
+constexpr int kVarHalfThreads = 4;
+constexpr int kVarAll = 7;
+
+constexpr unsigned max_threads(int V) { return (V & kVarHalfThreads) ? kMaxThreads / 2 : kMaxThreads; }
+
+// Bytes of dynamic shared memory of a contiguous kernel with tiles of Smax floats.
+__host__ __device__ __forceinline__ size_t contig_smem(uint32_t Smax, bool sign_words) {
+  const uint32_t words = Smax / 32 < 4 ? 4 : Smax / 32;
+  return size_t{4} * Smax + (sign_words ? size_t{4} * words : 0);
+}
+
+// Signs of the 8 elements at block offset j: from the tile's sign words (sgn: the tile starts at
+// block offset base) or drawn here.
+__device__ __forceinline__ void signs8(const ThcParams& p, const BlockCtx& c, uint64_t j, const uint32_t* sgn,
+                                       uint32_t base, float v[8]) {
+  if (sgn) flip_signs8(sgn[(j - base) >> 5] >> (j & 31), v);
+  else apply_signs8(shared_stream(p.rng, c.round), c.blk, j, v);
+}
+
+// sgn[4a + w] = word w of the sign draw of group base / 128 + a, for every group of a tile of St
+// elements at block offset base (base a multiple of 128 or 0). All threads call it; returns
+// synchronised.
+__device__ __forceinline__ void draw_tile_signs(const ThcParams& p, const BlockCtx& c, uint32_t base, uint32_t St,
+                                                uint32_t* sgn, unsigned tid, unsigned nt) {
+  const uint32_t groups = (St + 127) / 128;
+  const rng::Stream s = shared_stream(p.rng, c.round);
+  const auto key = rng::make_key(s);
+  for (uint32_t a = tid; a < groups; a += nt) {
+    const auto r = rng::draw4(key, s, rng::kPurposeSigns, c.blk, base / 128 + a);
+    sgn[4 * a] = r.v[0];
+    sgn[4 * a + 1] = r.v[1];
+    sgn[4 * a + 2] = r.v[2];
+    sgn[4 * a + 3] = r.v[3];
+  }
+  __syncthreads();
+}
+
+// The encode's input chunk `chunk` of a tile at block offset base, as loaded (x + ef), or zeros
+// (past the tile's chunks, or a block whose scale is zero).
+template <class T>
+__device__ __forceinline__ void input_raw(const ThcParams& p, const BlockCtx& c, uint32_t base, uint32_t chunk,
+                                          uint32_t chunks, float v[8]) {
+  if (chunk >= chunks || c.sc.zero) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+    return;
+  }
+  const uint64_t off = c.local * p.g.block;
+  const uint64_t j = base + 8ull * chunk;
+  load_x8<T>(static_cast<const T*>(p.x) + off, p.ef ? p.ef + off : nullptr, j, chunk_n(c.m, j), v);
+}
+
+// The prologue of the forward RHT on a loaded chunk: scale2 by the block's exponent, then the signs.
+__device__ __forceinline__ void input_prologue(const ThcParams& p, const BlockCtx& c, uint64_t j, const uint32_t* sgn,
+                                               uint32_t base, float v[8]) {
+  if (c.sc.zero) return;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = elem::scale2(v[k], -c.sc.exp);
+  signs8(p, c, j, sgn, base, v);
+}
+
+// Chunk j (block offset; a tile at base, sign words sgn or nullptr) of the kernel's source.
 template <class T, Src S>
-__device__ __forceinline__ void load_chunk(const ThcParams& p, const BlockCtx& c, uint64_t j, float v[8]) {
+__device__ __forceinline__ void load_chunk(const ThcParams& p, const BlockCtx& c, uint64_t j, float v[8],
+                                           const uint32_t* sgn, uint32_t base) {
   const uint64_t off = c.local * p.g.block;
   if (S == Src::kWs) {
     load_f8(p.ws + off + j, v);
     return;
   }
   if (S == Src::kInput) {
-    if (c.sc.zero) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = 0.0f;
-      return;
-    }
-    load_x8<T>(static_cast<const T*>(p.x) + off, p.ef ? p.ef + off : nullptr, j, chunk_n(c.m, j), v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = elem::scale2(v[k], -c.sc.exp);
-    apply_signs8(shared_stream(p.rng, c.round), c.blk, j, v);
+    input_raw<T>(p, c, base, static_cast<uint32_t>((j - base) / 8), UINT32_MAX, v);
+    input_prologue(p, c, j, sgn, base, v);
     return;
   }
   // Src::kSums: Codec::decode's dequantisation, (S - n g/2) * step * dec / n
@@ -118,7 +190,8 @@ __device__ __forceinline__ void quantize8(const ThcParams& p, const BlockCtx& c,
 }
 
 template <class T, Dst D>
-__device__ __forceinline__ void finish_chunk(const ThcParams& p, const BlockCtx& c, uint64_t j, float v[8]) {
+__device__ __forceinline__ void finish_chunk(const ThcParams& p, const BlockCtx& c, uint64_t j, float v[8],
+                                             const uint32_t* sgn = nullptr, uint32_t base = 0) {
   const uint64_t off = c.local * p.g.block;
   if (D == Dst::kWs) {
     store_f8(p.ws + off + j, v);
@@ -131,7 +204,7 @@ __device__ __forceinline__ void finish_chunk(const ThcParams& p, const BlockCtx&
     float x[8];
     load_x8<T>(static_cast<const T*>(p.x) + off, p.ef ? p.ef + off : nullptr, j, n, x);
     if (!c.sc.zero) {
-      apply_signs8(shared_stream(p.rng, c.round), c.blk, j, v);
+      signs8(p, c, j, sgn, base, v);
 #pragma unroll
       for (int k = 0; k < 8; ++k) x[k] = x[k] - elem::scale2(v[k], c.sc.exp);
     }
@@ -146,7 +219,7 @@ __device__ __forceinline__ void finish_chunk(const ThcParams& p, const BlockCtx&
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = 0.0f;
     } else {
-      apply_signs8(shared_stream(p.rng, c.round), c.blk, j, v);
+      signs8(p, c, j, sgn, base, v);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = elem::scale2(v[k], c.sc.exp);
     }
@@ -163,8 +236,11 @@ __device__ __forceinline__ void report_status(const ThcParams& p) {
 
 // Contiguous tiles of S = 2^tile_log2 elements (the whole block in the fused path). kTwo: the
 // fused error-feedback encode (quantise, then the inverse FWHT of the own dequantised codes).
-template <class T, Src S, Dst D, bool kTwo>
-__global__ void __launch_bounds__(kMaxThreads) contig_kernel(const ThcParams p) {
+// V: the variant bits (kVar*).
+template <class T, Src S, Dst D, bool kTwo, int V = 0>
+__global__ void __launch_bounds__(max_threads(V)) contig_kernel(const ThcParams p) {
+  constexpr bool kSigns = (V & kVarSmemSigns) != 0 && (S == Src::kInput || D == Dst::kResidual || D == Dst::kOutput);
+  constexpr bool kAhead = (V & kVarLoadAhead) != 0 && S == Src::kInput;
   THC_EXTERN_SHARED(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   __shared__ BlockCtx ctx;
@@ -180,12 +256,24 @@ __global__ void __launch_bounds__(kMaxThreads) contig_kernel(const ThcParams p) 
   const uint32_t chunks = St / 8;
   const unsigned tid = threadIdx.x, nt = blockDim.x, lane = tid & 31u;
   const int log2St = ilog2(St);
+  uint32_t* sgn = nullptr;
+  float ahead[8];
+  if constexpr (kAhead) input_raw<T>(p, ctx, base, tid, chunks, ahead);  // in flight during the draw
+  if constexpr (kSigns) {
+    sgn = reinterpret_cast<uint32_t*>(sm + (1u << p.tile_log2));
+    draw_tile_signs(p, ctx, base, St, sgn, tid, nt);
+  }
 
   for (uint32_t c0 = 0; c0 < chunks; c0 += nt) {
     const uint32_t c = c0 + tid;
     float v[8];
-    if (c < chunks) {
-      load_chunk<T, S>(p, ctx, base + 8ull * c, v);
+    if constexpr (kAhead) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = ahead[k];
+      input_raw<T>(p, ctx, base, c + nt, chunks, ahead);  // the next chunk's loads, before this one's work
+      if (c < chunks) input_prologue(p, ctx, base + 8ull * c, sgn, base, v);
+    } else if (c < chunks) {
+      load_chunk<T, S>(p, ctx, base + 8ull * c, v, sgn, base);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = 0.0f;
@@ -212,7 +300,7 @@ __global__ void __launch_bounds__(kMaxThreads) contig_kernel(const ThcParams p) 
       warp_stages8(v, lane, chunks);
       if (c < chunks) store_f8(sm + 8 * c, v);
     } else {
-      if (c < chunks) finish_chunk<T, D>(p, ctx, base + 8ull * c, v);
+      if (c < chunks) finish_chunk<T, D>(p, ctx, base + 8ull * c, v, sgn, base);
     }
   }
   if constexpr (kTwo) {
@@ -221,7 +309,7 @@ __global__ void __launch_bounds__(kMaxThreads) contig_kernel(const ThcParams p) 
     for (uint32_t c = tid; c < chunks; c += nt) {
       float v[8];
       load_f8(sm + 8 * c, v);
-      finish_chunk<T, Dst::kResidual>(p, ctx, base + 8ull * c, v);
+      finish_chunk<T, Dst::kResidual>(p, ctx, base + 8ull * c, v, sgn, base);
     }
   }
 }
@@ -279,34 +367,39 @@ int smem_log2_limit(const LaunchOpts& o) {
   return l;
 }
 
-unsigned contig_threads(uint32_t S) {
+unsigned contig_threads(uint32_t S, unsigned most = kMaxThreads) {
   const uint32_t c = S / 8;
-  return c >= kMaxThreads ? kMaxThreads : (c < 32 ? 32u : c);
+  return c >= most ? most : (c < 32 ? 32u : c);
 }
 
 // Raise the kernel's dynamic shared memory limit to the most any launch on this device uses,
 // once per device: cudaFuncSetAttribute is not a stream operation, so it happens before a CUDA
 // graph capture (prepare_device) rather than inside one.
-template <class T, Src S, Dst D, bool kTwo>
+template <class T, Src S, Dst D, bool kTwo, int V = 0>
+constexpr bool kUsesSignWords =
+    (V & kVarSmemSigns) != 0 && (S == Src::kInput || D == Dst::kResidual || D == Dst::kOutput);
+
+template <class T, Src S, Dst D, bool kTwo, int V = 0>
 cudaError_t prepare_contig() {
   static std::atomic<uint64_t> done{0};
   int dev = 0;
   THC_CUDA_TRY(cudaGetDevice(&dev));
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  THC_CUDA_TRY(allow_smem(contig_kernel<T, S, D, kTwo>, size_t{4} << smem_log2_limit(LaunchOpts())));
+  THC_CUDA_TRY(allow_smem(contig_kernel<T, S, D, kTwo, V>,
+                          contig_smem(1u << smem_log2_limit(LaunchOpts()), kUsesSignWords<T, S, D, kTwo, V>)));
   done.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
 
-template <class T, Src S, Dst D, bool kTwo>
+template <class T, Src S, Dst D, bool kTwo, int V = 0>
 cudaError_t launch_contig(const ThcParams& p, cudaStream_t stream) {
   const uint32_t Smax = 1u << p.tile_log2;
-  const size_t smem = size_t{4} * Smax;
-  auto* k = contig_kernel<T, S, D, kTwo>;
-  if (smem > 48 * 1024) THC_CUDA_TRY((prepare_contig<T, S, D, kTwo>()));
+  const size_t smem = contig_smem(Smax, kUsesSignWords<T, S, D, kTwo, V>);
+  auto* k = contig_kernel<T, S, D, kTwo, V>;
+  if (smem > 48 * 1024) THC_CUDA_TRY((prepare_contig<T, S, D, kTwo, V>()));
   const uint64_t grid = p.g.nblocks * (p.g.block >> p.tile_log2);
-  THC_LAUNCH(k, static_cast<unsigned>(grid), contig_threads(Smax), smem, stream)(p);
+  THC_LAUNCH(k, static_cast<unsigned>(grid), contig_threads(Smax, max_threads(V)), smem, stream)(p);
   return cudaGetLastError();
 }
 
@@ -339,24 +432,64 @@ Plan plan_for(const codec::Layout& lay, const LaunchOpts& o) {
   return pl;
 }
 
-template <class T>
+// The variant a launch runs: the options' bits, without the shared-memory sign words where the
+// tile and its words would not fit the device's opt-in shared memory.
+int kernel_variant(const LaunchOpts& o, const Plan& pl) {
+  int v = o.kernel_variant & kVarAll;
+  if ((v & kVarSmemSigns) && contig_smem(1u << pl.tile_log2, true) > static_cast<size_t>(device_smem_optin()))
+    v &= ~kVarSmemSigns;
+  return v;
+}
+
+template <class T, int V>
 cudaError_t encode_typed(ThcParams& p, const Plan& pl, bool ef, cudaStream_t s) {
   if (pl.fused) {
-    if (ef) return launch_contig<T, Src::kInput, Dst::kResidual, true>(p, s);
-    return launch_contig<T, Src::kInput, Dst::kQuantize, false>(p, s);
+    if (ef) return launch_contig<T, Src::kInput, Dst::kResidual, true, V>(p, s);
+    return launch_contig<T, Src::kInput, Dst::kQuantize, false, V>(p, s);
   }
-  THC_CUDA_TRY((launch_contig<T, Src::kInput, Dst::kWs, false>(p, s)));
+  THC_CUDA_TRY((launch_contig<T, Src::kInput, Dst::kWs, false, V>(p, s)));
   if (!ef) return launch_column<T, Dst::kQuantize>(p, s);
   THC_CUDA_TRY((launch_column<T, Dst::kQuantizeDeq>(p, s)));
   THC_CUDA_TRY((launch_contig<float, Src::kWs, Dst::kWs, false>(p, s)));
   return launch_column<T, Dst::kResidual>(p, s);
 }
 
-template <class T>
+template <class T, int V>
 cudaError_t decode_typed(ThcParams& p, const Plan& pl, cudaStream_t s) {
-  if (pl.fused) return launch_contig<T, Src::kSums, Dst::kOutput, false>(p, s);
+  if (pl.fused) return launch_contig<T, Src::kSums, Dst::kOutput, false, V>(p, s);
   THC_CUDA_TRY((launch_contig<float, Src::kSums, Dst::kWs, false>(p, s)));
   return launch_column<T, Dst::kOutput>(p, s);
+}
+
+// Variants for float32 inputs only (see kVarAll); the decode has no loads to run ahead.
+template <class T>
+cudaError_t encode_variant(ThcParams& p, const Plan& pl, bool ef, int v, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (v) {
+      case 1: return encode_typed<T, 1>(p, pl, ef, s);
+      case 2: return encode_typed<T, 2>(p, pl, ef, s);
+      case 3: return encode_typed<T, 3>(p, pl, ef, s);
+      case 4: return encode_typed<T, 4>(p, pl, ef, s);
+      case 5: return encode_typed<T, 5>(p, pl, ef, s);
+      case 6: return encode_typed<T, 6>(p, pl, ef, s);
+      case 7: return encode_typed<T, 7>(p, pl, ef, s);
+      default: break;
+    }
+  }
+  return encode_typed<T, 0>(p, pl, ef, s);
+}
+
+template <class T>
+cudaError_t decode_variant(ThcParams& p, const Plan& pl, int v, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (v & (kVarSmemSigns | kVarHalfThreads)) {
+      case 1: return decode_typed<T, 1>(p, pl, s);
+      case 4: return decode_typed<T, 4>(p, pl, s);
+      case 5: return decode_typed<T, 5>(p, pl, s);
+      default: break;
+    }
+  }
+  return decode_typed<T, 0>(p, pl, s);
 }
 
 template <class T>
@@ -380,6 +513,7 @@ cudaError_t thc_encode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
                        const float* d_stats, const Rng& rng, const EncodeOut& out, const uint32_t* d_check,
                        cudaStream_t stream, const LaunchOpts& opts) {
   const Plan pl = plan_for(lay, opts);
+  const int variant = kernel_variant(opts, pl);
   const size_t need = pl.fused ? kMinTemp : std::max(kMinTemp, nblocks * lay.block * sizeof(float));
   if (!d_temp) {
     *temp_bytes = need;
@@ -404,7 +538,7 @@ cudaError_t thc_encode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
   const bool with_ef = out.residual != nullptr;
   switch (xt) {
 #define THC_CASE(E, T) \
-  case E: return encode_typed<T>(p, pl, with_ef, stream);
+  case E: return encode_variant<T>(p, pl, with_ef, variant, stream);
     THC_CUDA_FOR_EACH_INTYPE(THC_CASE)
 #undef THC_CASE
   }
@@ -416,6 +550,7 @@ cudaError_t thc_decode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
                        const float* d_stats, const Rng& rng, int contributors, bool mean, void* out, InType ot,
                        const uint32_t* d_check, uint32_t* d_status, cudaStream_t stream, const LaunchOpts& opts) {
   const Plan pl = plan_for(lay, opts);
+  const int variant = kernel_variant(opts, pl);
   const size_t need = pl.fused ? kMinTemp : std::max(kMinTemp, nblocks * lay.block * sizeof(float));
   if (!d_temp) {
     *temp_bytes = need;
@@ -441,7 +576,7 @@ cudaError_t thc_decode(void* d_temp, size_t* temp_bytes, const DeviceCodec& c, c
   p.zero_out = contributors <= 0;
   switch (ot) {
 #define THC_CASE(E, T) \
-  case E: return decode_typed<T>(p, pl, stream);
+  case E: return decode_variant<T>(p, pl, variant, stream);
     THC_CUDA_FOR_EACH_INTYPE(THC_CASE)
 #undef THC_CASE
   }

@@ -11,7 +11,8 @@
 #   4. runs several MPI processes sharing the GPU through THC_Allreduce on device buffers (GPU codec,
 #      compressed integers staged through pinned host memory into MPI), if mpirun exists;
 #   5. times every kernel against a device-to-device copy of the same bytes (thc_gpu_bench, which
-#      first checks parity with the host codec, so it verifies even without GoogleTest);
+#      first checks parity with the host codec, so it verifies even without GoogleTest), THC with
+#      every kernel variant (LaunchOpts::kernel_variant 1-7, rows "... v<bits>") beside the default;
 #   6. runs unmodified NCCL over thc's net plugin (libnccl-net-thc.so): nccl-tests' all_reduce_perf
 #      (built from the third-party tree into a scratch folder) and thc_allreduce_perf --nccl, with
 #      THC_GPU_CHECK_NCCL_NP ranks on the one GPU (a distinct NCCL_HOSTID each, so that NCCL sees
@@ -407,7 +408,8 @@ fi
 
 # ---- 5. kernel timings ------------------------------------------------------------------------
 if [ $BUILT_OK -eq 1 ] && [ -x "$B/thc_gpu_bench" ]; then
-  timeout 150 "$B/thc_gpu_bench" --count "$BENCH_COUNT" --iters 20 --blocks 10,15,16,20 --csv "$OUT/bench.csv" \
+  timeout 150 "$B/thc_gpu_bench" --count "$BENCH_COUNT" --iters 20 --blocks 10,15,16,20 --variants 0,1,2,3,4,5,6,7 \
+    --csv "$OUT/bench.csv" \
     > "$OUT/bench.txt" 2>&1
   rc=$?
   if [ $rc -eq 77 ]; then

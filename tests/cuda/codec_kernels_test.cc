@@ -44,6 +44,7 @@ struct Case {
   int codec_n;  // workers the codec is sized for (sets the sum type)
   int block_log2;
   int force_multipass_log2;  // 0: automatic; else LaunchOpts{max_smem_log2, multipass_tile_log2}
+  int kernel_variant = 0;    // LaunchOpts::kernel_variant (the name says it: "_v<bits>")
 };
 
 std::string case_name(const ::testing::TestParamInfo<std::tuple<Case, int>>& i) {
@@ -134,6 +135,7 @@ LaunchOpts opts_for(const Case& k) {
     o.max_smem_log2 = k.force_multipass_log2;
     o.multipass_tile_log2 = k.force_multipass_log2;
   }
+  o.kernel_variant = k.kernel_variant;
   return o;
 }
 
@@ -498,7 +500,24 @@ const Case kCases[] = {
     {"thc", Scheme::kThc, 4, 30, 16, 2, 3, 12, 10},
     {"uhc_b8_u16", Scheme::kUniformThc, 8, 255, 16, 2, 3, 12, 10},
     {"thc", Scheme::kThc, 4, 30, 16, 2, 3, 12, 0},
+    // the kernel variants (thc_kernels.cu kVar*): the same bits as variant 0, fused and multi-pass
+    {"thc_v1", Scheme::kThc, 4, 30, 16, 2, 3, 10, 0, 1},
+    {"thc_v2", Scheme::kThc, 4, 30, 16, 2, 3, 10, 0, 2},
+    {"thc_v3", Scheme::kThc, 4, 30, 16, 2, 3, 12, 0, 3},
+    {"thc_v3", Scheme::kThc, 4, 30, 16, 2, 3, 12, 10, 3},
+    {"uhc_b8_u16_v3", Scheme::kUniformThc, 8, 255, 16, 2, 3, 10, 0, 3},
+    {"thc_v4", Scheme::kThc, 4, 30, 16, 2, 3, 10, 0, 4},
+    {"thc_v5", Scheme::kThc, 4, 30, 16, 2, 3, 12, 0, 5},
+    {"thc_v6", Scheme::kThc, 4, 30, 16, 2, 3, 12, 10, 6},
+    // a thread's loads run ahead only where it has several chunks: 2^14 / 8 > 1024 threads
+    {"thc_v2", Scheme::kThc, 4, 30, 16, 2, 3, 14, 0, 2},
+    {"thc_v7", Scheme::kThc, 4, 30, 16, 2, 3, 13, 0, 7},
 #if !defined(THC_CUDA_EMULATION)
+    {"thc_v3", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0, 3},
+    {"thc_v1", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0, 1},
+    {"thc_v2", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0, 2},
+    {"thc_v7", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0, 7},
+    {"thc_v5", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0, 5},
     // real block sizes: the largest fused block, natural multi-pass, the largest block
     {"thc", Scheme::kThc, 4, 30, 16, 2, 3, 15, 0},
     {"thc", Scheme::kThc, 4, 30, 16, 2, 3, 16, 0},

@@ -1,7 +1,10 @@
 // thc_gpu_bench: each CUDA codec kernel timed against a device-to-device copy of the same input
 // bytes (count float32 values), and the NCCL-like allreduce on one rank against ncclAllReduce.
 //
-//   thc_gpu_bench [--count N] [--iters K] [--blocks 10,16,20] [--csv FILE]
+//   thc_gpu_bench [--count N] [--iters K] [--blocks 10,16,20] [--variants 0,1,...,7] [--csv FILE]
+//
+// --variants: THC's encode (packed, and values with error feedback) and decode are also timed
+// with each listed LaunchOpts::kernel_variant (rows "... v<bits>"), each after its own parity check.
 //
 // Prints one table: kernel, block, time per call, input GB/s, and time / copy time (the copy is
 // the floor any kernel that reads the input once and writes something can approach). Before
@@ -68,7 +71,8 @@ double time_ms(const std::function<void()>& f, int iters, cudaStream_t s) {
 
 // GPU codes and decode against the host codec on 2B + 77 elements (bit-identical expected).
 // Needs no test framework, so the parity check runs even where GoogleTest is missing.
-uint64_t verify(const Codec& c, const tc::DeviceCodec& dc, cudaStream_t s, uint64_t* checked) {
+uint64_t verify(const Codec& c, const tc::DeviceCodec& dc, cudaStream_t s, uint64_t* checked,
+                const tc::LaunchOpts& opts = tc::LaunchOpts()) {
   const uint64_t n = 2 * c.block() + 77;
   const Layout lay = c.layout(n);
   std::vector<float> x(n);
@@ -100,21 +104,21 @@ uint64_t verify(const Codec& c, const tc::DeviceCodec& dc, cudaStream_t s, uint6
   rng.round = 3;
   size_t et = 0, dt = 0;
   CHECK(tc::encode(nullptr, &et, dc, lay, 0, lay.nblocks, dx, tc::InType::kF32, nullptr, ds, rng, tc::EncodeOut(),
-                   nullptr, s));
+                   nullptr, s, opts));
   CHECK(tc::decode(nullptr, &dt, dc, lay, 0, lay.nblocks, dv, tc::ValueLayout::kNative, ds, rng, 1, false, dout,
-                   tc::InType::kF32, nullptr, nullptr, s));
+                   tc::InType::kF32, nullptr, nullptr, s, opts));
   size_t tb = std::max(et, dt);
   void* temp;
   CHECK(cudaMalloc(&temp, tb));
   tc::EncodeOut o;
   o.values = dv;
-  CHECK(tc::encode(temp, &tb, dc, lay, 0, lay.nblocks, dx, tc::InType::kF32, nullptr, ds, rng, o, nullptr, s));
+  CHECK(tc::encode(temp, &tb, dc, lay, 0, lay.nblocks, dx, tc::InType::kF32, nullptr, ds, rng, o, nullptr, s, opts));
   std::vector<uint8_t> gv(hv.size());
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaMemcpy(gv.data(), dv, lay.wire_count * wsz, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(dv, hv.data(), hv.size(), cudaMemcpyHostToDevice));  // decode the host's values
   CHECK(tc::decode(temp, &tb, dc, lay, 0, lay.nblocks, dv, tc::ValueLayout::kNative, ds, rng, 1, false, dout,
-                   tc::InType::kF32, nullptr, nullptr, s));
+                   tc::InType::kF32, nullptr, nullptr, s, opts));
   std::vector<float> gout(n);
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaMemcpy(gout.data(), dout, n * 4, cudaMemcpyDeviceToHost));
@@ -147,15 +151,18 @@ int main(int argc, char** argv) {
   uint64_t count = uint64_t{1} << 26;
   int iters = 20;
   std::vector<int> blocks = {10, 16, 20};
+  std::vector<int> variants = {0};
   const char* csv = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--count" && i + 1 < argc) count = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (a == "--blocks" && i + 1 < argc) blocks = parse_list(argv[++i]);
+    else if (a == "--variants" && i + 1 < argc) variants = parse_list(argv[++i]);
     else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--count N] [--iters K] [--blocks 10,16,20] [--csv FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--count N] [--iters K] [--blocks 10,16,20] [--variants 0,1,2,3] [--csv FILE]\n",
+                   argv[0]);
       return 1;
     }
   }
@@ -248,6 +255,29 @@ int main(int argc, char** argv) {
                              tc::InType::kF32, check, nullptr, s));
           }, iters, s));
       if (sch == Scheme::kThc) {
+        for (int v : variants) {
+          if (v == 0) continue;  // the rows above
+          tc::LaunchOpts vo;
+          vo.kernel_variant = v;
+          uint64_t vchecked = 0;
+          const uint64_t vbad = verify(c, dc, s, &vchecked, vo);
+          std::printf("parity %-5s block 2^%-2d variant %d: %llu of %llu codes and outputs differ from the host codec\n",
+                      sn.c_str(), bl, v, static_cast<unsigned long long>(vbad), static_cast<unsigned long long>(vchecked));
+          parity_bad += vbad;
+          const std::string vs = " v" + std::to_string(v);
+          add(sn + " encode packed" + vs, bl, time_ms([&] {
+                CHECK(tc::encode(temp, &tb, dc, lay, 0, lay.nblocks, x, tc::InType::kF32, nullptr, stats, rng, op, check,
+                                 s, vo));
+              }, iters, s));
+          add(sn + " encode values+EF" + vs, bl, time_ms([&] {
+                CHECK(tc::encode(temp, &tb, dc, lay, 0, lay.nblocks, x, tc::InType::kF32, ef, stats, rng, oe, check, s,
+                                 vo));
+              }, iters, s));
+          add(sn + " decode" + vs, bl, time_ms([&] {
+                CHECK(tc::decode(temp, &tb, dc, lay, 0, lay.nblocks, vals, tc::ValueLayout::kPairs, stats, rng, 4, false,
+                                 y, tc::InType::kF32, check, nullptr, s, vo));
+              }, iters, s));
+        }
         // four ranks' shards of count/4 elements each: one aggregator's share of the whole tensor
         const uint64_t shard = count / 4 / 8 * 8;
         const size_t stride = shard * c.index_bits() / 8;
