@@ -32,6 +32,7 @@
 #include "switch_offload/protocol/wire.h"
 #include "switch_offload/servers/udp/udp_server.h"
 #include "transport/switch_client/udp/udp_client.h"
+#include "perf/aggregator_bench/replay_stream.h"
 
 namespace {
 
@@ -214,17 +215,7 @@ double thread_cpu_s() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-struct Replay {
-  int workers = 4, lanes = 0, slots = 256;
-  int budget = proto::kPayloadBudget1500;  // payload bytes: the path MTU's
-  uint64_t packets = 0;  // per worker
-  sw::auth::Key key;
-  proto::JobId id;
-  proto::TableSpec table;
-  std::vector<uint8_t> bytes;  // the datagrams back to back, as in a receive buffer
-  std::vector<size_t> off, len;
-  std::vector<int> from;
-
+struct Replay : thc::bench::ReplayStream {
   std::unique_ptr<sw::Engine> engine(sw::Stats* st) const {
     sw::EngineConfig c;
     c.seed = 7;
@@ -234,78 +225,24 @@ struct Replay {
     c.keys = std::make_shared<sw::auth::KeyRing>(std::vector<sw::auth::Key>{key});
     return std::make_unique<sw::Engine>(c, st);
   }
-  // JOIN handshake of every worker (the first installs the table); returns the job's data key.
+  // JOIN handshake of every worker on e; returns the job's data key.
   sw::auth::TagKey join(sw::Engine& e) const {
-    proto::JobId j = id;
-    sw::auth::TagKey dkey;
-    for (int w = 0; w < workers; ++w) {
-      proto::JoinParams p;
-      p.quorum = static_cast<uint16_t>(workers);
-      p.slots = static_cast<uint16_t>(slots);
-      p.max_lanes = proto::kMaxLanes;
-      p.payload_budget = budget;
-      p.table = w == 0 ? &table : nullptr;
+    return ReplayStream::join([&](int w, const std::vector<uint8_t>& req) {
       KeepSink k;
-      const std::vector<uint8_t> first = proto::make_join(j, static_cast<uint16_t>(w), p, 10);
-      e.handle(first.data(), first.size(), loop_addr(w), 1000, k);
-      if (k.out.size() != 1) throw std::runtime_error("replay: no CHALLENGE");
-      proto::Header h;
-      const uint8_t* pl;
-      size_t plen;
-      proto::parse(k.out[0].data(), k.out[0].size(), &h, &pl, &plen);
-      p.cookie = pl;
-      const std::vector<uint8_t> again = proto::make_join(j, static_cast<uint16_t>(w), p, 11);
-      KeepSink k2;
-      e.handle(again.data(), again.size(), loop_addr(w), 1000, k2);
-      proto::JoinAckBody ack;
-      if (k2.out.size() != 1 || proto::parse(k2.out[0].data(), k2.out[0].size(), &h, &pl, &plen) != proto::ParseError::kOk ||
-          h.type != proto::MsgType::kJoinAck || proto::parse_join_ack(pl, plen, &ack) != proto::ParseError::kOk)
-        throw std::runtime_error("replay: JOIN refused");
-      j.with_seed(ack.seed);
-      dkey = j.dkey;
-    }
-    return dkey;
+      e.handle(req.data(), req.size(), loop_addr(w), 1000, k);
+      if (k.out.size() != 1) throw std::runtime_error("replay: no reply to a JOIN");
+      return k.out[0];
+    });
   }
 };
 
 Replay make_replay(int workers, uint64_t packets, int slots, int mtu) {
   Replay r;
-  r.budget = mtu - 28 - static_cast<int>(proto::kHeaderBytes);
-  r.workers = workers;
-  r.slots = slots;
-  r.packets = packets;
-  r.key = sw::auth::Key{};
-  r.key.id = 1;
-  for (size_t i = 0; i < sw::auth::kKeyBytes; ++i) r.key.bytes[i] = static_cast<uint8_t>(i * 13 + 1);
-  r.id = proto::JobId::make(r.key, 77, static_cast<uint16_t>(workers));
-  r.table.id = 0;
-  r.table.bits = 4;
-  r.table.sum = proto::WireInt::kU8;
-  for (int z = 0; z < 16; ++z) r.table.values[z] = z % 31;
-  r.lanes = proto::lanes_for(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, proto::kMaxLanes,
-                             r.budget);
+  static_cast<thc::bench::ReplayStream&>(r) = thc::bench::make_stream(workers, packets, slots, mtu);
   sw::Stats st;
   auto e = r.engine(&st);
   r.id.dkey = r.join(*e);
-  std::mt19937 rng(5);
-  const uint64_t per_op = (uint64_t{1} << 20) / static_cast<uint64_t>(r.lanes);  // packets of a 2^20-element op
-  const size_t plen = proto::data_payload_bytes(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, r.lanes);
-  std::vector<uint8_t> pl(plen);
-  for (uint64_t seq = 0; seq < packets; ++seq) {
-    for (int w = 0; w < workers; ++w) {
-      proto::Header h = proto::data_header(proto::MsgType::kDataIndex, r.id, static_cast<uint16_t>(w),
-                                           static_cast<uint32_t>(r.slots), seq, static_cast<uint32_t>(seq / per_op),
-                                           proto::WireInt::kU8, static_cast<uint16_t>(r.lanes),
-                                           static_cast<uint16_t>(r.lanes), 4, 0);
-      if (seq % per_op == 0) h.flags = proto::kFlagFirst;
-      for (auto& b : pl) b = static_cast<uint8_t>(rng());
-      const std::vector<uint8_t> d = proto::make_packet(h, pl, &r.id.dkey);
-      r.off.push_back(r.bytes.size());
-      r.len.push_back(d.size());
-      r.from.push_back(w);
-      r.bytes.insert(r.bytes.end(), d.begin(), d.end());
-    }
-  }
+  r.sign_data();
   return r;
 }
 
