@@ -214,7 +214,17 @@ void DpdkServer::setup_port() {
   nb_rxq_ = driver_ == "net_af_packet" ? std::max<uint16_t>(1, info.max_rx_queues) : 1;
   if (nb_rxq_ > info.max_rx_queues && info.max_rx_queues > 0) nb_rxq_ = info.max_rx_queues;
 
+  // Jumbo frames (--mtu above 1500, what 100-400 Gbit/s clusters run): the port must take them in
+  // (rx MTU) and every mbuf must hold a whole frame (rx is single-segment, replies are built in
+  // one mbuf); with 2 KB mbufs no result of an 8192-lane job could leave.
   rte_eth_conf conf{};
+  if (opt_.mtu > RTE_ETHER_MTU) {
+    if (info.max_mtu < static_cast<uint16_t>(opt_.mtu))
+      fail(Status::kInvalidArgument, "thc-aggregator-dpdk: --mtu " + std::to_string(opt_.mtu) + ": port " +
+                                         std::to_string(pid) + " (" + driver_ + ") takes frames of MTU " +
+                                         std::to_string(info.max_mtu) + " at most");
+    conf.rxmode.mtu = static_cast<uint32_t>(opt_.mtu);
+  }
   rc = rte_eth_dev_configure(pid, nb_rxq_, nb_txq_, &conf);
   if (rc != 0) fail(Status::kTransport, "thc-aggregator-dpdk: rte_eth_dev_configure: " + errstr(rc));
   port_configured_ = true;
@@ -231,7 +241,10 @@ void DpdkServer::setup_port() {
   const unsigned nb_mbufs = nb_rxq_ * nrxd + nb_txq_ * ntxd + static_cast<unsigned>(opt_.workers) * opt_.ring_size +
                             lcores * (3 * kBurst + cache) + 2048;
   const std::string pool_name = "thc_mbufs_p" + std::to_string(pid);
-  pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), nb_mbufs, cache, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
+  const unsigned frame_room = (static_cast<unsigned>(opt_.mtu) + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN + 63) / 64 * 64;
+  const uint16_t buf_size =
+      static_cast<uint16_t>(RTE_PKTMBUF_HEADROOM + std::max<unsigned>(RTE_MBUF_DEFAULT_DATAROOM, frame_room));
+  pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), nb_mbufs, cache, 0, buf_size, socket);
   if (pool_ == nullptr)
     fail(Status::kOutOfMemory, "thc-aggregator-dpdk: rte_pktmbuf_pool_create(" + std::to_string(nb_mbufs) +
                                    " mbufs): " + errstr(rte_errno) + " (give EAL more memory, e.g. -m 512)");
