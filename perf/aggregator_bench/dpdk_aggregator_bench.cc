@@ -2,18 +2,21 @@
 // af_packet's copies. The server (DpdkServer, single-core mode: its one lcore receives,
 // classifies, checks, aggregates and transmits) runs on a port made of two rte_rings (the net_ring
 // PMD: frames enqueued on one ring arrive as received frames, transmitted frames land on the
-// other), which is what a NIC's PMD hands it minus the DMA. A feeder thread plays W workers: each
-// repetition joins a new job through the port (JOIN, CHALLENGE, JOIN, JOIN_ACK as Ethernet/IPv4/
-// UDP frames), signs P data packets per worker (THC b=4 -> u8 at the lanes the MTU allows, the
-// stream of aggregator_bench's engine replay), builds them into mbufs beforehand, then enqueues
-// all of them at once and drains the replies. The server's ring never runs dry until the end, so
-// the time until the last reply is the server's: per upstream datagram, per second, per lane. Every
-// result is compared with the sum of the workers' table values.
+// other), which is what a NIC's PMD hands it minus the DMA. A feeder thread on another CPU plays W
+// workers: each repetition joins a new job through the port (JOIN, CHALLENGE, JOIN, JOIN_ACK as
+// Ethernet/IPv4/UDP frames), signs P data packets per worker (THC b=4 -> u8 at the lanes the MTU
+// allows, the stream of aggregator_bench's engine replay) and builds their frames; then, timed, it
+// copies each frame into an mbuf just before the server needs it (512 frames queued: the data
+// arrives from the other core's cache, as a NIC's DMA leaves it in the last-level cache) and
+// drains the replies. The server's ring never runs dry until the end, so the time until the last
+// reply is the server's: per upstream datagram, per second, per lane. Every result is compared
+// with the sum of the workers' table values.
 //
 //   dpdk_aggregator_bench [--workers 4] [--packets 4000] [--slots 256] [--mtu 1500] [--reps 5]
 //                         [--skip-udp-checksum] [--no-tx-udp-checksum]
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -49,7 +52,8 @@ using thc::bench::ReplayStream;
 constexpr uint32_t kServerIp = 0x0A630001;  // 10.99.0.1
 constexpr uint32_t kWorkerIp = 0x0A630100;  // 10.99.1.w+1
 constexpr uint16_t kServerPort = 9471;
-constexpr unsigned kBurst = 64;
+constexpr unsigned kBurst = 32;
+constexpr unsigned kAhead = 512;  // frames the feeder keeps queued for the server
 
 using FromRings = int (*)(const char*, rte_ring* const[], unsigned, rte_ring* const[], unsigned, unsigned);
 
@@ -80,7 +84,9 @@ double cpu_s(clockid_t c) {
 
 struct Rep {
   double wall_s = 0, server_cpu_s = 0;
+  double mono0 = 0, mono1 = 0;  // the timed window, CLOCK_MONOTONIC seconds (perf record -k CLOCK_MONOTONIC)
   uint64_t datagrams = 0, replies = 0, lanes = 0, bad_results = 0;
+  uint64_t starved = 0;  // times the feeder found the server's ring empty with frames still to send
 };
 
 struct Feeder {
@@ -126,25 +132,47 @@ struct Feeder {
       return reply(w);
     });
     s.sign_data();
+    // Every data frame built beforehand (checksums and all); the timed loop only copies each into
+    // an mbuf just before the server needs it, keeping kAhead frames queued, so the server finds
+    // them where a NIC's DMA leaves them (the last-level cache), not in DRAM.
     const size_t n = s.off.size();
-    std::vector<rte_mbuf*> frames(n);
-    for (size_t i = 0; i < n; ++i)
-      frames[i] = frame(s.from[i], std::vector<uint8_t>(s.bytes.begin() + static_cast<long>(s.off[i]),
-                                                       s.bytes.begin() + static_cast<long>(s.off[i] + s.len[i])));
+    std::vector<uint8_t> built(n * frame_room);
+    std::vector<uint16_t> built_len(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t len = frames::build_udp_frame(worker_local(s.from[i]), server.mac, server.ip, server.port,
+                                                 s.bytes.data() + s.off[i], s.len[i], built.data() + i * frame_room,
+                                                 frame_room, udp_checksum);
+      if (len == 0) throw std::runtime_error("feeder: a frame does not fit an mbuf");
+      built_len[i] = static_cast<uint16_t>(len);
+    }
     std::vector<std::vector<uint8_t>> results(s.packets);  // worker 0's copy of every result
     Rep r;
     r.datagrams = n;
     r.lanes = static_cast<uint64_t>(s.lanes);
     const uint64_t want = n;  // every result goes to each of the W workers
+    r.mono0 = cpu_s(CLOCK_MONOTONIC);
     const double c0 = cpu_s(server_clock);
     const auto t0 = std::chrono::steady_clock::now();
     size_t sent = 0;
     rte_mbuf* got[kBurst];
+    rte_mbuf* put[kBurst];
     const auto deadline = t0 + std::chrono::seconds(60);
     while (r.replies < want) {
-      if (sent < n)
-        sent += rte_ring_enqueue_burst(rx, reinterpret_cast<void* const*>(frames.data() + sent),
-                                       static_cast<unsigned>(std::min<size_t>(n - sent, 4096)), nullptr);
+      const unsigned queued = sent < n ? rte_ring_count(rx) : kAhead;
+      if (queued == 0 && sent > 0) ++r.starved;
+      if (queued < kAhead) {
+        const unsigned k = static_cast<unsigned>(std::min<size_t>(kBurst, n - sent));
+        if (rte_pktmbuf_alloc_bulk(pool, put, k) != 0) throw std::runtime_error("feeder: mbuf pool empty");
+        for (unsigned i = 0; i < k; ++i) {
+          const uint16_t len = built_len[sent + i];
+          std::memcpy(rte_pktmbuf_mtod(put[i], uint8_t*), built.data() + (sent + i) * frame_room, len);
+          put[i]->data_len = len;
+          put[i]->pkt_len = len;
+        }
+        if (rte_ring_enqueue_bulk(rx, reinterpret_cast<void* const*>(put), k, nullptr) != k)
+          throw std::runtime_error("feeder: rx ring full");
+        sent += k;
+      }
       const unsigned k = rte_ring_dequeue_burst(tx, reinterpret_cast<void**>(got), kBurst, nullptr);
       for (unsigned i = 0; i < k; ++i) {
         const uint8_t* f = rte_pktmbuf_mtod(got[i], const uint8_t*);
@@ -171,6 +199,7 @@ struct Feeder {
     }
     r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.server_cpu_s = cpu_s(server_clock) - c0;
+    r.mono1 = cpu_s(CLOCK_MONOTONIC);
     for (uint64_t q = 0; q < s.packets; ++q)
       if (results[q] != s.expected_sum(q)) ++r.bad_results;
     return r;
@@ -199,14 +228,24 @@ int main(int argc, char** argv) {
   app.add_flag("--no-tx-udp-checksum", no_tx_csum, "the server sends UDP checksum 0 (a NIC's tx offload would fill it)");
   CLI11_PARSE(app, argc, argv);
 
+  // EAL pins this thread (the server's lcore) to one CPU and a thread started later would inherit
+  // that: the feeder takes the CPUs we were given, less the server's where there are others.
+  cpu_set_t given;
+  CPU_ZERO(&given);
+  sched_getaffinity(0, sizeof given, &given);
   const uint64_t frames_per_rep = packets * static_cast<uint64_t>(workers);
-  unsigned ring = 1024;
+  unsigned ring = 1024;  // rx: kAhead frames at most; tx: the replies the feeder has not drained yet
   while (ring < frames_per_rep + 64) ring *= 2;
   const uint16_t room = static_cast<uint16_t>((mtu + 14 + 63) / 64 * 64);
   const std::string prefix = "--file-prefix=thcdab" + std::to_string(getpid());
-  const uint64_t pool_mb = (frames_per_rep + 4096) * (room + RTE_PKTMBUF_HEADROOM + 256) / (1 << 20);
+  const uint64_t pool_mb = 8192ull * (room + RTE_PKTMBUF_HEADROOM + 256) / (1 << 20);
   const std::string mem = std::to_string(std::max<uint64_t>(512, 2 * pool_mb + 256));
-  std::vector<std::string> eal = {argv[0], "--no-huge", "-m", mem, "--no-pci", prefix, "-l", "0", "--log-level=*:warning"};
+  int server_cpu = 0;
+  while (server_cpu < CPU_SETSIZE && !CPU_ISSET(server_cpu, &given)) ++server_cpu;
+  cpu_set_t feeder_cpus = given;
+  if (CPU_COUNT(&given) > 1) CPU_CLR(server_cpu, &feeder_cpus);
+  const std::string lcores = "--lcores=0@" + std::to_string(server_cpu);
+  std::vector<std::string> eal = {argv[0], "--no-huge", "-m", mem, "--no-pci", prefix, lcores, "--log-level=*:warning"};
   std::vector<char*> eargv;
   for (auto& a : eal) eargv.push_back(a.data());
   eargv.push_back(nullptr);
@@ -221,7 +260,7 @@ int main(int argc, char** argv) {
     if (rx == nullptr || tx == nullptr) throw std::runtime_error(std::string("rte_ring_create: ") + rte_strerror(rte_errno));
     const int port = from_rings()("thcb_port", &rx, 1, &tx, 1, rte_socket_id());
     if (port < 0) throw std::runtime_error(std::string("rte_eth_from_rings: ") + rte_strerror(rte_errno));
-    rte_mempool* pool = rte_pktmbuf_pool_create("thcb_feed", static_cast<unsigned>(frames_per_rep + 4096), 0, 0,
+    rte_mempool* pool = rte_pktmbuf_pool_create("thcb_feed", 8192, 0, 0,
                                                 static_cast<uint16_t>(room + RTE_PKTMBUF_HEADROOM), SOCKET_ID_ANY);
     if (pool == nullptr) throw std::runtime_error(std::string("rte_pktmbuf_pool_create: ") + rte_strerror(rte_errno));
 
@@ -231,7 +270,7 @@ int main(int argc, char** argv) {
     o.port = kServerPort;
     o.port_id = static_cast<uint16_t>(port);
     o.workers = 0;
-    o.idle_sleep_us = 0;  // pure polling: the lcore's time is the server's
+    o.idle_sleep_us = 50;  // the server's default: it sleeps between repetitions, never while its ring holds frames
     o.mtu = mtu;
     o.max_slots = static_cast<uint32_t>(std::max(slots, 1));
     o.seed = 1;
@@ -251,6 +290,7 @@ int main(int argc, char** argv) {
     std::vector<Rep> out;
     std::string error;
     std::thread feeder([&] {
+      pthread_setaffinity_np(pthread_self(), sizeof feeder_cpus, &feeder_cpus);
       try {
         for (int k = 0; k < reps; ++k) {
           ReplayStream s = thc::bench::make_stream(workers, packets, slots, mtu, 100 + static_cast<uint32_t>(k));
@@ -265,8 +305,8 @@ int main(int argc, char** argv) {
     feeder.join();
     if (!error.empty()) throw std::runtime_error(error);
 
-    std::printf("%4s %10s %10s %12s %12s %14s %9s %8s\n", "rep", "wall_ms", "srv_cpu", "ns/dgm", "Mdgm/s",
-                "Glanes/s/core", "replies", "bad");
+    std::printf("%4s %10s %10s %12s %12s %14s %9s %8s %8s\n", "rep", "wall_ms", "srv_cpu", "ns/dgm", "Mdgm/s",
+                "Glanes/s/core", "replies", "bad", "starved");
     std::vector<double> ns, mdg, gl;
     uint64_t bad = 0;
     for (size_t k = 0; k < out.size(); ++k) {
@@ -276,10 +316,14 @@ int main(int argc, char** argv) {
       mdg.push_back(1e-6 / per);
       gl.push_back(static_cast<double>(r.datagrams * r.lanes) / r.wall_s / 1e9);
       bad += r.bad_results;
-      std::printf("%4zu %10.2f %9.0f%% %12.0f %12.2f %14.2f %9llu %8llu\n", k, r.wall_s * 1e3,
+      std::printf("%4zu %10.2f %9.0f%% %12.0f %12.2f %14.2f %9llu %8llu %8llu\n", k, r.wall_s * 1e3,
                   100.0 * r.server_cpu_s / r.wall_s, ns.back(), mdg.back(), gl.back(),
-                  static_cast<unsigned long long>(r.replies), static_cast<unsigned long long>(r.bad_results));
+                  static_cast<unsigned long long>(r.replies), static_cast<unsigned long long>(r.bad_results),
+                  static_cast<unsigned long long>(r.starved));
     }
+    std::printf("# timed windows (CLOCK_MONOTONIC s, for perf report --time):");
+    for (const Rep& r : out) std::printf(" %.6f,%.6f", r.mono0, r.mono1);
+    std::printf("\n");
     std::printf("median: %.0f ns per upstream datagram, %.2f M datagrams/s, %.2f G lanes/s on one lcore "
                 "(range %.2f-%.2f)\n",
                 median(ns), median(mdg), median(gl), *std::min_element(gl.begin(), gl.end()),

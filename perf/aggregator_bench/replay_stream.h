@@ -6,7 +6,9 @@
 // either.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -72,7 +74,7 @@ struct ReplayStream {
     off.clear();
     len.clear();
     from.clear();
-    std::mt19937 rng(5);
+    std::mt19937_64 rng(5);
     const uint64_t per_op = (uint64_t{1} << 20) / static_cast<uint64_t>(lanes);
     const size_t plen = proto::data_payload_bytes(proto::MsgType::kDataIndex, proto::WireInt::kU8, 4, lanes);
     std::vector<uint8_t> pl(plen);
@@ -83,7 +85,10 @@ struct ReplayStream {
                                              proto::WireInt::kU8, static_cast<uint16_t>(lanes),
                                              static_cast<uint16_t>(lanes), 4, 0);
         if (seq % per_op == 0) h.flags = proto::kFlagFirst;
-        for (auto& b : pl) b = static_cast<uint8_t>(rng());
+        for (size_t i = 0; i < pl.size(); i += 8) {  // random indices, 8 bytes per draw
+          const uint64_t r = rng();
+          std::memcpy(pl.data() + i, &r, std::min<size_t>(8, pl.size() - i));
+        }
         const std::vector<uint8_t> d = proto::make_packet(h, pl, &id.dkey);
         off.push_back(bytes.size());
         len.push_back(d.size());
