@@ -177,8 +177,11 @@ HWY_INLINE void Transpose(const V* r, V* c) {
 // Messages [g, g + m) (2 <= m <= N) side by side. Lanes past m repeat message g (their results
 // are not stored). (Interleaving two or more such groups to hide the rounds' latency measured no
 // faster on Zen 4: the rounds are bound by vector throughput, one 512-bit op per cycle.)
+// next / next_m: the following group's messages, whose first kLead bytes are prefetched while this
+// group is hashed (the in-message prefetch below starts kLead bytes in).
+constexpr size_t kLead = 512;
 HWY_INLINE void SipHashGroup(const uint8_t* const* keys, const uint8_t* const* msgs, const size_t* lens, size_t g,
-                             size_t m, uint64_t* out) {
+                             size_t m, uint64_t* out, const uint8_t* const* next, size_t next_m) {
   const D d;
   const hn::RebindToSigned<D> di;
   const size_t N = hn::Lanes(d);
@@ -210,8 +213,13 @@ HWY_INLINE void SipHashGroup(const uint8_t* const* keys, const uint8_t* const* m
     for (; w + kN <= words; w += kN) {
       // N streams train no hardware prefetcher: ask for each lane's line 512 bytes ahead, once
       // per line (the batch may have come from memory, not cache).
-      if ((w & 7) == 0)
-        for (size_t i = 0; i < m; ++i) hwy::Prefetch(src[i] + 8 * w + 512);
+      if ((w & 7) == 0) {
+        for (size_t i = 0; i < m; ++i) hwy::Prefetch(src[i] + 8 * w + kLead);
+        // A received batch is in no cache of this core (DMA, another core): the next group's first
+        // lines, one line of each of its messages per step.
+        if (8 * w < kLead)
+          for (size_t i = 0; i < next_m; ++i) hwy::Prefetch(next[i] + 8 * w);
+      }
       hn::Vec<D> r[kN], c[kN];
       for (size_t i = 0; i < kN; ++i) r[i] = hn::LoadU(d, reinterpret_cast<const uint64_t*>(src[i] + 8 * w));
       Transpose<kN>(r, c);
@@ -268,8 +276,9 @@ void SipHashManyImpl(const uint8_t* const* keys, const uint8_t* const* msgs, con
   }
   for (size_t g = 0; g < n; g += N) {
     const size_t m = n - g < N ? n - g : N;
+    const size_t next_m = n - g - m < N ? n - g - m : N;
     if (m == 1) out[g] = sip::complete(sip::init(keys[g]), msgs[g], lens[g], 0);
-    else SipHashGroup(keys, msgs, lens, g, m, out);
+    else SipHashGroup(keys, msgs, lens, g, m, out, msgs + g + m, next_m);
   }
 }
 #endif
