@@ -387,6 +387,7 @@ void Engine::flush_results(Sink& out) {
     // Every recipient's header, then the one payload: pend_pay_ is not touched again before the
     // next call into the engine (clear() keeps the bytes), which is what send_parts promises.
     const uint8_t* pay = pend_pay_.data() + pr.pay_off;
+    out.next_payload();
     for (size_t k = pr.first; k < pr.first + pr.count; ++k) {
       uint8_t* hdr = pend_hdr_.data() + k * proto::kHeaderBytes;
       proto::store_be64(hdr + proto::kTagOffset, pend_tags_[k]);

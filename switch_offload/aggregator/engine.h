@@ -153,6 +153,11 @@ class Sink {
   // that sends before that may point at it instead of copying it (the UDP server's GSO queue);
   // the head is valid only during the call. By default the parts are joined and sent.
   virtual void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen);
+  // Called before the send_parts calls of each result: until the next call, every tail is the
+  // same payload (same bytes at the same address), which a sink may prepare once (the DPDK
+  // server sums its UDP checksum once per result, not per recipient); after it, a tail may sit
+  // where an earlier, different payload was.
+  virtual void next_payload() {}
 
  private:
   std::vector<uint8_t> joined_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "switch_offload/aggregator/engine.h"
@@ -58,6 +59,19 @@ class Capture final : public Sink {
     s.payload.assign(pl, pl + plen);
     out.push_back(s);
   }
+  // Results arrive as send_parts; the tails between two next_payload() calls must be one payload.
+  void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) override {
+    parts.push_back({payloads, std::vector<uint8_t>(tail, tail + tlen), tail});
+    Sink::send_parts(to, head, hlen, tail, tlen);
+  }
+  void next_payload() override { ++payloads; }
+  struct Part {
+    uint64_t payload;  // next_payload() calls before it
+    std::vector<uint8_t> tail;
+    const uint8_t* at;
+  };
+  std::vector<Part> parts;
+  uint64_t payloads = 0;
   std::vector<Sent> take() {
     std::vector<Sent> r;
     r.swap(out);
@@ -1063,4 +1077,22 @@ TEST(EngineBatch, HandleBatchIsHandleOnEachDatagram) {
     if (s.h.type != MsgType::kResult) nb.push_back(s);
   ASSERT_EQ(na.size(), nb.size());
   for (size_t i = 0; i < na.size(); ++i) EXPECT_EQ(na[i].bytes, nb[i].bytes) << i;
+
+  // Sink::next_payload: in a batch the results leave as send_parts, and every result's recipients
+  // get one payload, announced before its first send_parts (the DPDK server sums a payload's
+  // checksum once per announcement; the batch's results share the engine's payload buffer).
+  ASSERT_TRUE(ca.parts.empty()) << "one datagram at a time: whole datagrams";
+  ASSERT_GE(cb.parts.size(), 12u);  // six slots, two recipients each
+  EXPECT_GT(cb.parts.front().payload, 0u) << "announced before the first result";
+  std::set<uint64_t> seen;
+  for (size_t i = 0; i < cb.parts.size(); ++i) {
+    const auto& p = cb.parts[i];
+    if (i > 0 && cb.parts[i - 1].payload == p.payload) {
+      EXPECT_EQ(p.tail, cb.parts[i - 1].tail) << "one announcement, one payload";
+      EXPECT_EQ(p.at, cb.parts[i - 1].at);
+    } else {
+      EXPECT_TRUE(seen.insert(p.payload).second) << "a payload's sends are contiguous";
+    }
+  }
+  EXPECT_EQ(seen.size(), cb.payloads) << "an announcement per result";
 }

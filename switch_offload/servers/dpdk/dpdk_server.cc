@@ -78,14 +78,28 @@ struct DpdkServer::RxCounters {
 class DpdkServer::TxSink final : public Sink {
  public:
   TxSink(DpdkServer* srv, Lane* lane) : srv_(srv), lane_(lane) {}
-  void send(const PeerAddr& to, const uint8_t* data, size_t len) override;
+  void send(const PeerAddr& to, const uint8_t* data, size_t len) override {
+    frame(to, data, len, nullptr, 0);
+  }
+  // A result to each recipient: the header and the shared payload go straight into the frame (no
+  // joined copy), and the payload's part of the UDP checksum is summed once per result.
+  void send_parts(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) override {
+    frame(to, head, hlen, tail, tlen);
+  }
+  void next_payload() override { tail_summed_ = false; }
   void flush();
 
  private:
+  void frame(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen);
+
   DpdkServer* srv_;
   Lane* lane_;
   rte_mbuf* pending_[kBurst];
   unsigned n_ = 0;
+  bool tail_summed_ = false;  // tail_sum_ holds the sum of the current result's payload (at tail_, tail_len_)
+  const uint8_t* tail_ = nullptr;
+  size_t tail_len_ = 0;
+  uint64_t tail_sum_ = 0;
 };
 
 struct DpdkServer::Lane {
@@ -102,7 +116,7 @@ struct DpdkServer::Lane {
   Counter tx_frames, tx_full, tx_no_mac, tx_nombuf, tx_too_big;
 };
 
-void DpdkServer::TxSink::send(const PeerAddr& to, const uint8_t* data, size_t len) {
+void DpdkServer::TxSink::frame(const PeerAddr& to, const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen) {
   Lane& l = *lane_;
   if (to.ss.ss_family != AF_INET) {  // cannot happen: every peer comes from an IPv4 frame
     l.tx_no_mac.add();
@@ -121,8 +135,15 @@ void DpdkServer::TxSink::send(const PeerAddr& to, const uint8_t* data, size_t le
     return;
   }
   uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
-  const size_t n = frames::build_udp_frame(srv_->local_, *mac, ip, ntohs(a->sin_port), data, len, p,
-                                           rte_pktmbuf_tailroom(m), srv_->opt_.tx_udp_checksum);
+  const bool csum = srv_->opt_.tx_udp_checksum;
+  if (csum && tlen > 0 && (!tail_summed_ || tail != tail_ || tlen != tail_len_)) {
+    tail_sum_ = frames::payload_sum(tail, tlen);
+    tail_ = tail;
+    tail_len_ = tlen;
+    tail_summed_ = true;
+  }
+  const size_t n = frames::build_udp_frame_parts(srv_->local_, *mac, ip, ntohs(a->sin_port), head, hlen, tail, tlen,
+                                                 csum && tlen > 0 ? &tail_sum_ : nullptr, p, rte_pktmbuf_tailroom(m), csum);
   if (n == 0) {
     rte_pktmbuf_free(m);
     l.tx_too_big.add();

@@ -257,12 +257,12 @@ bool arp_reply_from(const uint8_t* frame, size_t len, const Local& local, uint32
   return true;
 }
 
-size_t build_udp_frame(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port, const uint8_t* payload,
-                       size_t len, uint8_t* out, size_t cap, bool udp_checksum_on) {
-  if (len > 0xFFFF - kIpv4Header - kUdpHeader) return 0;
-  const size_t frame = kUdpPayloadOffset + len;
-  const size_t padded = frame < kMinFrame ? kMinFrame : frame;
-  if (cap < padded) return 0;
+namespace {
+
+// Ethernet, IPv4 and UDP headers for a payload of len bytes (UDP checksum field 0); returns the
+// UDP header.
+uint8_t* put_udp_headers(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port, size_t len,
+                         uint8_t* out) {
   std::memcpy(out, dst_mac.data(), 6);
   std::memcpy(out + 6, local.mac.data(), 6);
   put16(out + 12, kEtherIpv4);
@@ -282,8 +282,43 @@ size_t build_udp_frame(const Local& local, const Mac& dst_mac, uint32_t dst_ip, 
   put16(udp + 2, dst_port);
   put16(udp + 4, static_cast<uint16_t>(kUdpHeader + len));
   put16(udp + 6, 0);
-  if (len) std::memcpy(udp + kUdpHeader, payload, len);
-  if (udp_checksum_on) put16(udp + 6, udp_checksum(local.ip, dst_ip, udp, kUdpHeader + len));
+  return udp;
+}
+
+}  // namespace
+
+size_t build_udp_frame(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port, const uint8_t* payload,
+                       size_t len, uint8_t* out, size_t cap, bool udp_checksum_on) {
+  return build_udp_frame_parts(local, dst_mac, dst_ip, dst_port, payload, len, nullptr, 0, nullptr, out, cap,
+                               udp_checksum_on);
+}
+
+uint64_t payload_sum(const uint8_t* p, size_t n) { return sum_mem(p, n, 0); }
+
+size_t build_udp_frame_parts(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port,
+                             const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen,
+                             const uint64_t* tail_sum, uint8_t* out, size_t cap, bool udp_checksum_on) {
+  const size_t len = hlen + tlen;
+  if (len > 0xFFFF - kIpv4Header - kUdpHeader) return 0;
+  const size_t frame = kUdpPayloadOffset + len;
+  const size_t padded = frame < kMinFrame ? kMinFrame : frame;
+  if (cap < padded) return 0;
+  uint8_t* udp = put_udp_headers(local, dst_mac, dst_ip, dst_port, len, out);
+  if (hlen) std::memcpy(udp + kUdpHeader, head, hlen);
+  if (tlen) std::memcpy(udp + kUdpHeader + hlen, tail, tlen);
+  if (udp_checksum_on) {
+    uint16_t c;
+    if (tail_sum != nullptr && hlen % 2 == 0) {
+      uint64_t s = pseudo_sum(local.ip, dst_ip, kUdpHeader + len);
+      s = sum_mem(udp, 6, s);
+      s = sum_mem(udp + kUdpHeader, hlen, s) + *tail_sum;
+      c = static_cast<uint16_t>(~fold_be(s));
+      if (c == 0) c = 0xFFFF;
+    } else {
+      c = udp_checksum(local.ip, dst_ip, udp, kUdpHeader + len);
+    }
+    put16(udp + 6, c);
+  }
   if (padded > frame) std::memset(out + frame, 0, padded - frame);
   return padded;
 }

@@ -102,6 +102,17 @@ bool arp_reply_from(const uint8_t* frame, size_t len, const Local& local, uint32
 size_t build_udp_frame(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port, const uint8_t* payload,
                        size_t len, uint8_t* out, size_t cap, bool udp_checksum = true);
 
+// build_udp_frame of the payload head + tail (the engine's results: each recipient's header, then
+// the payload they share), written straight into out. tail_sum: nullptr, or payload_sum(tail,
+// tlen) when the caller sends one tail many times (used if hlen is even, so that the tail keeps
+// its 16-bit alignment in the checksum; else the frame is summed whole). Same bytes as
+// build_udp_frame of the joined payload.
+size_t build_udp_frame_parts(const Local& local, const Mac& dst_mac, uint32_t dst_ip, uint16_t dst_port,
+                             const uint8_t* head, size_t hlen, const uint8_t* tail, size_t tlen,
+                             const uint64_t* tail_sum, uint8_t* out, size_t cap, bool udp_checksum = true);
+// The one's-complement partial sum of n bytes that build_udp_frame_parts takes as tail_sum.
+uint64_t payload_sum(const uint8_t* p, size_t n);
+
 // RFC 1071 checksums. The returned value is to be stored big-endian into the header field.
 // ipv4_header_checksum: over `bytes` bytes of header with the checksum field taken as 0.
 uint16_t ipv4_header_checksum(const uint8_t* hdr, size_t bytes);

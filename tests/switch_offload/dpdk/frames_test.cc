@@ -397,6 +397,46 @@ TEST(DpdkFrames, BuiltFramesParseWithRightChecksums) {
   EXPECT_EQ(build_udp_frame(peer, kOurMac, kOurIp, kOurPort, huge.data(), huge.size(), buf.data(), buf.size()), 0u);
 }
 
+// A frame built from a head and a tail (the engine's results: a recipient's header and the shared
+// payload) is the frame of the joined payload, byte for byte, with the tail's checksum sum given
+// (once per result, as the DPDK server does) or not, for even and odd heads, empty and odd tails,
+// with and without the UDP checksum; and a tail sum from other bytes would show.
+TEST(DpdkFrames, FramesFromTwoPartsAreTheJoinedFrame) {
+  Local peer;
+  peer.mac = kPeerMac;
+  peer.ip = kPeerIp;
+  peer.port = kPeerPort;
+  for (size_t hlen : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{64}})
+    for (size_t tlen : {size_t{0}, size_t{1}, size_t{5}, size_t{56}, size_t{1408}})
+      for (bool csum : {true, false}) {
+        const auto h = payload_bytes(hlen);
+        auto t = payload_bytes(tlen + 3);
+        t.erase(t.begin(), t.begin() + 3);  // other bytes than the head's
+        std::vector<uint8_t> joined = h;
+        joined.insert(joined.end(), t.begin(), t.end());
+        std::vector<uint8_t> want(2048, 0xEE), got(2048, 0xEE), got_sum(2048, 0xEE);
+        const size_t n = build_udp_frame(peer, kOurMac, kOurIp, kOurPort, joined.data(), joined.size(), want.data(),
+                                         want.size(), csum);
+        ASSERT_GT(n, 0u);
+        EXPECT_EQ(build_udp_frame_parts(peer, kOurMac, kOurIp, kOurPort, h.data(), hlen, t.data(), tlen, nullptr,
+                                        got.data(), got.size(), csum),
+                  n);
+        const uint64_t ts = payload_sum(t.data(), tlen);
+        EXPECT_EQ(build_udp_frame_parts(peer, kOurMac, kOurIp, kOurPort, h.data(), hlen, t.data(), tlen, &ts,
+                                        got_sum.data(), got_sum.size(), csum),
+                  n);
+        EXPECT_EQ(got, want) << "head " << hlen << " tail " << tlen << (csum ? "" : " no checksum");
+        EXPECT_EQ(got_sum, want) << "with the tail's sum: head " << hlen << " tail " << tlen;
+        if (csum && tlen > 0 && hlen % 2 == 0) {
+          const uint64_t wrong = ts + 1;
+          std::vector<uint8_t> bad(2048, 0xEE);
+          build_udp_frame_parts(peer, kOurMac, kOurIp, kOurPort, h.data(), hlen, t.data(), tlen, &wrong, bad.data(),
+                                bad.size(), csum);
+          EXPECT_NE(bad, want) << "the tail sum is used";
+        }
+      }
+}
+
 TEST(DpdkFrames, DropReasonsHaveDistinctNames) {
   std::vector<std::string> names;
   for (int i = 0; i < static_cast<int>(FrameDrop::kCount); ++i) {
