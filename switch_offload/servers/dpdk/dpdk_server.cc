@@ -242,10 +242,13 @@ void DpdkServer::setup_port() {
   // one mbuf); with 2 KB mbufs no result of an 8192-lane job could leave.
   rte_eth_conf conf{};
   if (opt_.mtu > RTE_ETHER_MTU) {
-    if (info.max_mtu < static_cast<uint16_t>(opt_.mtu))
-      fail(Status::kInvalidArgument, "thc-aggregator-dpdk: --mtu " + std::to_string(opt_.mtu) + ": port " +
-                                         std::to_string(pid) + " (" + driver_ + ") takes frames of MTU " +
-                                         std::to_string(info.max_mtu) + " at most");
+    const uint32_t frame = static_cast<uint32_t>(opt_.mtu) + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+    if (info.max_mtu < static_cast<uint16_t>(opt_.mtu) || info.max_rx_pktlen < frame)
+      fail(Status::kInvalidArgument,
+           "thc-aggregator-dpdk: --mtu " + std::to_string(opt_.mtu) + ": port " + std::to_string(pid) + " (" + driver_ +
+               ") takes frames of " + std::to_string(info.max_rx_pktlen) + " bytes (MTU " +
+               std::to_string(std::min<uint32_t>(info.max_mtu, info.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN)) +
+               ") at most; use --mtu 1500 or a port that takes jumbo frames");
     conf.rxmode.mtu = static_cast<uint32_t>(opt_.mtu);
   }
   rc = rte_eth_dev_configure(pid, nb_rxq_, nb_txq_, &conf);

@@ -217,4 +217,17 @@ C1=${C1:-$C0}
 run_case w1 "--lcores=0@$C0,1@$C1" 1 1 1 1
 run_case w2 "--lcores=0@$C0,1@$C1,2@$C1" 2 3 2 0
 run_case w0 "--lcores=0@$C0" 0 2 1 0
+
+# Jumbo frames on a port that cannot take them (af_packet in DPDK 22.11: 1518-byte frames at most,
+# whatever the veth's MTU): a clear refusal at start, not a server that drops every result.
+echo "== case mtu9000: refused on af_packet"
+ip netns exec "$NSA" timeout -k 5 30 "$AGG" --no-huge -m 512 --no-pci --file-prefix="${PREFIX}mtu" "--lcores=0@$C0" \
+  --vdev="net_af_packet0,iface=$VA" -- --ip "$AGG_IP" --port "$PORT" --key-file "$KEYS" --workers 0 --mtu 9000 \
+  --stats-interval 0 >"$TMP/mtu9000.log" 2>&1
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { cat "$TMP/mtu9000.log"; die "mtu9000: the server started (rc $rc)"; }
+grep -q -- "--mtu 9000: port 0 (net_af_packet) takes frames of" "$TMP/mtu9000.log" ||
+  { cat "$TMP/mtu9000.log"; die "mtu9000: no clear error"; }
+grep -- "--mtu 9000" "$TMP/mtu9000.log"
+echo "== case mtu9000: ok"
 echo "PASS"
