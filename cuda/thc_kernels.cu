@@ -73,6 +73,12 @@ constexpr int kVarLoadAhead = 2;
 constexpr int kVarHalfThreads = 4;
 constexpr int kVarAll = 7;
 
+// Whether a contiguous kernel draws its tile's sign words into shared memory: variant bit 1 and
+// a kernel that applies signs (the forward prologue, or the inverse epilogue).
+template <Src S, Dst D, int V>
+constexpr bool kUsesSignWords =
+    (V & kVarSmemSigns) != 0 && (S == Src::kInput || D == Dst::kResidual || D == Dst::kOutput);
+
 constexpr unsigned max_threads(int V) { return (V & kVarHalfThreads) ? kMaxThreads / 2 : kMaxThreads; }
 
 // Bytes of dynamic shared memory of a contiguous kernel with tiles of Smax floats.
@@ -107,6 +113,13 @@ __device__ __forceinline__ void draw_tile_signs(const ThcParams& p, const BlockC
   __syncthreads();
 }
 
+// The encode's input at block offset j (8 elements, zeros past the block's real ones), as loaded.
+template <class T>
+__device__ __forceinline__ void input_at(const ThcParams& p, const BlockCtx& c, uint64_t j, float v[8]) {
+  const uint64_t off = c.local * p.g.block;
+  load_x8<T>(static_cast<const T*>(p.x) + off, p.ef ? p.ef + off : nullptr, j, chunk_n(c.m, j), v);
+}
+
 // The encode's input chunk `chunk` of a tile at block offset base, as loaded (x + ef), or zeros
 // (past the tile's chunks, or a block whose scale is zero).
 template <class T>
@@ -117,9 +130,7 @@ __device__ __forceinline__ void input_raw(const ThcParams& p, const BlockCtx& c,
     for (int k = 0; k < 8; ++k) v[k] = 0.0f;
     return;
   }
-  const uint64_t off = c.local * p.g.block;
-  const uint64_t j = base + 8ull * chunk;
-  load_x8<T>(static_cast<const T*>(p.x) + off, p.ef ? p.ef + off : nullptr, j, chunk_n(c.m, j), v);
+  input_at<T>(p, c, base + 8ull * chunk, v);
 }
 
 // The prologue of the forward RHT on a loaded chunk: scale2 by the block's exponent, then the signs.
@@ -141,7 +152,12 @@ __device__ __forceinline__ void load_chunk(const ThcParams& p, const BlockCtx& c
     return;
   }
   if (S == Src::kInput) {
-    input_raw<T>(p, c, base, static_cast<uint32_t>((j - base) / 8), UINT32_MAX, v);
+    if (c.sc.zero) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+      return;
+    }
+    input_at<T>(p, c, j, v);
     input_prologue(p, c, j, sgn, base, v);
     return;
   }
@@ -239,7 +255,7 @@ __device__ __forceinline__ void report_status(const ThcParams& p) {
 // V: the variant bits (kVar*).
 template <class T, Src S, Dst D, bool kTwo, int V = 0>
 __global__ void __launch_bounds__(max_threads(V)) contig_kernel(const ThcParams p) {
-  constexpr bool kSigns = (V & kVarSmemSigns) != 0 && (S == Src::kInput || D == Dst::kResidual || D == Dst::kOutput);
+  constexpr bool kSigns = kUsesSignWords<S, D, V>;
   constexpr bool kAhead = (V & kVarLoadAhead) != 0 && S == Src::kInput;
   THC_EXTERN_SHARED(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
@@ -376,10 +392,6 @@ unsigned contig_threads(uint32_t S, unsigned most = kMaxThreads) {
 // once per device: cudaFuncSetAttribute is not a stream operation, so it happens before a CUDA
 // graph capture (prepare_device) rather than inside one.
 template <class T, Src S, Dst D, bool kTwo, int V = 0>
-constexpr bool kUsesSignWords =
-    (V & kVarSmemSigns) != 0 && (S == Src::kInput || D == Dst::kResidual || D == Dst::kOutput);
-
-template <class T, Src S, Dst D, bool kTwo, int V = 0>
 cudaError_t prepare_contig() {
   static std::atomic<uint64_t> done{0};
   int dev = 0;
@@ -387,7 +399,7 @@ cudaError_t prepare_contig() {
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
   THC_CUDA_TRY(allow_smem(contig_kernel<T, S, D, kTwo, V>,
-                          contig_smem(1u << smem_log2_limit(LaunchOpts()), kUsesSignWords<T, S, D, kTwo, V>)));
+                          contig_smem(1u << smem_log2_limit(LaunchOpts()), kUsesSignWords<S, D, V>)));
   done.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
@@ -395,7 +407,7 @@ cudaError_t prepare_contig() {
 template <class T, Src S, Dst D, bool kTwo, int V = 0>
 cudaError_t launch_contig(const ThcParams& p, cudaStream_t stream) {
   const uint32_t Smax = 1u << p.tile_log2;
-  const size_t smem = contig_smem(Smax, kUsesSignWords<T, S, D, kTwo, V>);
+  const size_t smem = contig_smem(Smax, kUsesSignWords<S, D, V>);
   auto* k = contig_kernel<T, S, D, kTwo, V>;
   if (smem > 48 * 1024) THC_CUDA_TRY((prepare_contig<T, S, D, kTwo, V>()));
   const uint64_t grid = p.g.nblocks * (p.g.block >> p.tile_log2);
