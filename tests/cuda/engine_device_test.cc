@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,9 @@
 #include "cuda/thc_cuda.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "transport/inproc/inproc.h"
+#if defined(THC_CUDA_EMULATION)
+#include "tests/cuda/emu/cuda_emu.h"
+#endif
 
 namespace {
 
@@ -95,8 +99,9 @@ class PartialReducer final : public Reducer {
 };
 
 // Run body(rank, engine) on n threads over one in-process group.
-void run_ranks(int n, const thc_config_t& cfg, const std::function<void(int, Engine&)>& body, int left_out = -1) {
-  auto group = thc::transport::make_inproc_group(n, 60000);
+void run_ranks(int n, const thc_config_t& cfg, const std::function<void(int, Engine&)>& body, int left_out = -1,
+               int timeout_ms = 60000) {
+  auto group = thc::transport::make_inproc_group(n, timeout_ms);
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r) {
     ts.emplace_back([&, r] {
@@ -306,6 +311,40 @@ TEST_F(DevicePathTest, NonFiniteInputFailsOnEveryRank) {
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r], static_cast<int>(thc::Status::kNonFinite)) << "rank " << r;
 }
+
+#if defined(THC_CUDA_EMULATION)
+// A rank whose device path fails before the first exchange (here the device has no memory for the
+// call's workspace) still takes part in it: the others fail the call with its status and its rank
+// named instead of waiting out the backend's timeout (kTimeout without the fix), the call counts
+// on every rank and every communicator stays usable. The emulator fails the allocations.
+TEST_F(DevicePathTest, DeviceFailureBeforeTheFirstExchangeFailsEveryRankAtOnce) {
+  for (const int algo : {THC_ALGO_INT, THC_ALGO_PS}) {
+    const thc_config_t cfg = config(algo);
+    std::vector<int> status(3, -1);
+    std::vector<std::string> what(3);
+    run_ranks(3, cfg, [&](int r, Engine& e) {
+      DevBuf<float> x(dyadic(4096, r));
+      if (r == 1) thc_emu::fail_allocations(true);
+      try {
+        e.allreduce(Scheme::kThc, x.get(), x.get(), 4096, DType::kF32, false, nullptr);
+        status[r] = 0;
+      } catch (const thc::Error& err) {
+        status[r] = static_cast<int>(err.status());
+        what[r] = err.what();
+      }
+      thc_emu::fail_allocations(false);
+      DevBuf<float> y(dyadic(4096, r));
+      EXPECT_NO_THROW(e.allreduce(Scheme::kThc, y.get(), y.get(), 4096, DType::kF32, false, nullptr)) << "rank " << r;
+    }, -1, 20000);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(status[r], static_cast<int>(thc::Status::kOutOfMemory)) << "algo " << algo << " rank " << r << ": " << what[r];
+      if (r != 1) {
+        EXPECT_NE(what[r].find("rank 1"), std::string::npos) << what[r];
+      }
+    }
+  }
+}
+#endif
 
 TEST_F(DevicePathTest, BadArgumentsAreRefused) {
   const thc_config_t cfg = config(THC_ALGO_INT);

@@ -109,6 +109,9 @@ void* dynamic_smem_raw() { return g.smem.data(); }
 std::atomic<uint64_t> g_grids_run{0};
 uint64_t grids_run() { return g_grids_run.load(std::memory_order_relaxed); }
 
+thread_local bool t_fail_allocations = false;
+void fail_allocations(bool on) { t_fail_allocations = on; }
+
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   g_grids_run.fetch_add(1, std::memory_order_relaxed);
   const unsigned nt = block.x * block.y * block.z;
@@ -177,6 +180,7 @@ static std::map<uintptr_t, size_t>& device_allocs() {
 }
 
 cudaError_t cudaMalloc(void** p, size_t n) {
+  if (thc_emu::t_fail_allocations) return cudaErrorMemoryAllocation;
   const size_t bytes = (n + 255) / 256 * 256 + 256;
   *p = std::aligned_alloc(256, bytes);
   if (!*p) return cudaErrorMemoryAllocation;
@@ -193,6 +197,7 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t n) {
+  if (thc_emu::t_fail_allocations) return cudaErrorMemoryAllocation;
   *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }

@@ -55,6 +55,9 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
 // Grids run so far, all threads together: lets a test tell that a call went through the device
 // path (emulated device memory is host memory, so the host path would give the same bits).
 uint64_t grids_run();
+// Fault injection: while on, cudaMalloc and cudaMallocHost on the calling OS thread fail with
+// cudaErrorMemoryAllocation (a device out of memory, as the engine's device path meets it).
+void fail_allocations(bool on);
 
 template <class T>
 T* dynamic_smem() {
