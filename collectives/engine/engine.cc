@@ -247,6 +247,7 @@ std::function<void(uint32_t*, size_t)> Engine::naming_exchange() {
 }
 
 uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool finite) {
+  ++preludes_entered_;
   const uint64_t nb = plan.lay.nblocks;
   const auto fields = prelude_fields(plan);
   std::array<uint32_t, kHeaderWords> hdr{};
@@ -286,6 +287,7 @@ uint32_t Engine::exchange_prelude(const CallPlan& plan, uint32_t* pre, bool fini
 }
 
 void Engine::abort_prelude(Status why) {
+  ++preludes_entered_;
   std::array<uint32_t, kHeaderWords> hdr{};
   const uint32_t mine = static_cast<uint32_t>(why == Status::kSuccess ? Status::kInternal : why);
   hdr[kWordStatus] = mine;
@@ -330,6 +332,18 @@ void Engine::account(const CallPlan& plan, uint64_t wire_total) {
     stats_.wire_bytes_up += wire_total * wsz;
     stats_.wire_bytes_down += wire_total * wsz;
   }
+}
+
+Status status_of_current_exception() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    return Status::kOutOfMemory;
+  } catch (...) {
+  }
+  return Status::kInternal;
 }
 
 void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count,
@@ -378,22 +392,24 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     if (on_device && !device_) device_ = dev->open();
   } catch (...) {
     round_ = round0 + 1;
-    Status why = Status::kInternal;
-    try {
-      throw;
-    } catch (const Error& e) {
-      why = e.status();
-    } catch (const std::bad_alloc&) {
-      why = Status::kOutOfMemory;
-    } catch (...) {
-    }
-    abort_prelude(why);
+    abort_prelude(status_of_current_exception());
     throw;
   }
-  if (on_device) {
-    device_->allreduce(*this, p, send, recv, ef);
-  } else {
-    allreduce_host(p, send, recv, ef);
+  // The paths can fail before their first exchange too (the device's workspace, a CUDA error in
+  // the prelude's kernels, host memory): the same rule.
+  const uint64_t entered = preludes_entered_;
+  try {
+    if (on_device) {
+      device_->allreduce(*this, p, send, recv, ef);
+    } else {
+      allreduce_host(p, send, recv, ef);
+    }
+  } catch (...) {
+    if (preludes_entered_ == entered) {
+      round_ = round0 + 1;
+      abort_prelude(status_of_current_exception());
+    }
+    throw;
   }
 }
 

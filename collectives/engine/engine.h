@@ -90,6 +90,10 @@ struct EngineStats {
   uint64_t grouped_tensors = 0;
 };
 
+// Inside a catch block: the status of the exception in flight (an Error's own, kOutOfMemory for
+// std::bad_alloc, else kInternal).
+Status status_of_current_exception();
+
 class Engine {
  public:
   // Collective: agrees on the shared seed with all ranks of the reducer.
@@ -162,6 +166,9 @@ class Engine {
   thc_config_t cfg_;
   uint64_t seed_ = 0;
   uint32_t round_ = 0;
+  // First exchanges this engine has entered (exchange_prelude, abort_prelude): tells a call that
+  // failed whether it failed before its first exchange, where the peers still wait for it.
+  uint64_t preludes_entered_ = 0;
   std::map<int, std::unique_ptr<codec::Codec>> codecs_;
   mutable bool said_algo_[8] = {};  // THC_DEBUG: the auto choice said once per scheme
   EngineStats stats_;

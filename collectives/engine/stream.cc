@@ -36,18 +36,6 @@ enum class Kind { kAllreduce = 1, kReduceScatter = 2, kAllgather = 3 };
 
 uint64_t align8(uint64_t v) { return (v + 7) / 8 * 8; }
 
-Status status_of_current_exception() {
-  try {
-    throw;
-  } catch (const Error& e) {
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    return Status::kOutOfMemory;
-  } catch (...) {
-  }
-  return Status::kInternal;
-}
-
 }  // namespace
 
 struct Engine::Stream {
@@ -202,47 +190,55 @@ void Engine::run_stream(Stream& st) {
   const codec::Codec& cod = *codp;
   const uint64_t B = cod.block();
 
-  // Layouts, global block numbers, residuals.
+  // Layouts, global block numbers, residuals, then the statistics: what fails here (host memory)
+  // fails before the first exchange too, under the same rule.
   uint64_t nb = 0;
-  for (Seg& s : st.segs) {
-    s.lay = cod.layout(s.count);
-    s.g0 = nb;
-    nb += s.lay.nblocks;
-    if (s.ef && s.count) {
-      if (s.ef->count == 0) {
-        s.ef->count = s.ef_count;
-        s.ef->residual.assign(s.ef_count, 0.0f);
-      }
-      s.res = s.ef->residual.data() + s.res_off;
-    }
-  }
-  plan.lay.nblocks = nb;
-
-  // ---- prelude: every block statistic of the tensors this rank contributes to, one exchange.
-  std::vector<uint32_t> pre(nb + kPreludeCheck, 0);
+  std::vector<uint32_t> pre;
   bool finite = true;
-  {
-    std::vector<float> xs;
-    std::vector<float> stv;
-    for (const Seg& s : st.segs) {
-      if (!s.send || s.count == 0) continue;
-      const bool direct = s.dtype == DType::kF32 && !s.res;
-      for (uint64_t b0 = 0; b0 < s.lay.nblocks; b0 += plan.chunk_blocks) {
-        const uint64_t first = b0 * B;
-        const uint64_t m = std::min<uint64_t>(s.count - first, plan.chunk_blocks * B);
-        const float* xp;
-        if (direct) {
-          xp = static_cast<const float*>(s.send) + first;
-        } else {
-          xs.resize(std::max<uint64_t>(xs.size(), m));
-          load_as_float(s.send, s.dtype, first, m, s.res ? s.res + first : nullptr, xs.data());
-          xp = xs.data();
+  try {
+    for (Seg& s : st.segs) {
+      s.lay = cod.layout(s.count);
+      s.g0 = nb;
+      nb += s.lay.nblocks;
+      if (s.ef && s.count) {
+        if (s.ef->count == 0) {
+          s.ef->count = s.ef_count;
+          s.ef->residual.assign(s.ef_count, 0.0f);
         }
-        stv.resize(std::min<uint64_t>(plan.chunk_blocks, s.lay.nblocks - b0));
-        finite &= host_->prelude(cod, xp, m, stv.data());
-        for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
+        s.res = s.ef->residual.data() + s.res_off;
       }
     }
+    plan.lay.nblocks = nb;
+
+    // ---- prelude: every block statistic of the tensors this rank contributes to, one exchange.
+    pre.assign(nb + kPreludeCheck, 0);
+    {
+      std::vector<float> xs;
+      std::vector<float> stv;
+      for (const Seg& s : st.segs) {
+        if (!s.send || s.count == 0) continue;
+        const bool direct = s.dtype == DType::kF32 && !s.res;
+        for (uint64_t b0 = 0; b0 < s.lay.nblocks; b0 += plan.chunk_blocks) {
+          const uint64_t first = b0 * B;
+          const uint64_t m = std::min<uint64_t>(s.count - first, plan.chunk_blocks * B);
+          const float* xp;
+          if (direct) {
+            xp = static_cast<const float*>(s.send) + first;
+          } else {
+            xs.resize(std::max<uint64_t>(xs.size(), m));
+            load_as_float(s.send, s.dtype, first, m, s.res ? s.res + first : nullptr, xs.data());
+            xp = xs.data();
+          }
+          stv.resize(std::min<uint64_t>(plan.chunk_blocks, s.lay.nblocks - b0));
+          finite &= host_->prelude(cod, xp, m, stv.data());
+          for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
+        }
+      }
+    }
+  } catch (...) {
+    round_ = round0;
+    fail_call(status_of_current_exception(), calls);
+    throw;
   }
   uint32_t round = 0;
   try {
