@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -107,6 +108,59 @@ TEST(MpiAllreduce, NonFloatTypesAndOtherOpsAreExact) {
   std::vector<float> f(1000, static_cast<float>(rank())), g(1000);
   ASSERT_EQ(THC_Allreduce(f.data(), g.data(), 1000, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD), MPI_SUCCESS);
   for (float v : g) ASSERT_EQ(v, static_cast<float>(n - 1));
+}
+
+// MPI's built-in ops on thc's byte-based 16-bit types: MPI itself refuses them (MPI_ERR_OP); the
+// exact path hands MPI thc's ops for MPI_MAX, MPI_MIN and MPI_PROD (each element in float, rounded
+// once to the type; NaN propagates), in the blocking and the nonblocking call. Inputs are signed
+// powers of two and zeros, so every result is exact in both types.
+TEST(MpiAllreduce, SixteenBitTypesTakeMaxMinAndProd) {
+  const int n = world();
+  const size_t count = 1000;
+  auto value = [](int q, size_t i) {
+    const int k = static_cast<int>(i % 5) - 2;  // -2..2
+    return static_cast<float>(k) * std::ldexp(1.0f, (q + static_cast<int>(i % 3)) % 4 - 1);
+  };
+  for (const bool bf : {false, true}) {
+    const thc::engine::DType dt = bf ? thc::engine::DType::kBF16 : thc::engine::DType::kF16;
+    const MPI_Datatype mt = bf ? THC_MPI_BFLOAT16() : THC_MPI_FLOAT16();
+    for (const MPI_Op op : {MPI_MAX, MPI_MIN, MPI_PROD}) {
+      for (const bool nonblocking : {false, true}) {
+        std::vector<float> x(count), ex(count);
+        for (size_t i = 0; i < count; ++i) {
+          x[i] = value(rank(), i);
+          float e = value(0, i);
+          for (int q = 1; q < n; ++q) {
+            const float v = value(q, i);
+            e = op == MPI_MAX ? std::max(e, v) : op == MPI_MIN ? std::min(e, v) : e * v;
+          }
+          ex[i] = e;
+        }
+        x[17] = rank() == n - 1 ? std::numeric_limits<float>::quiet_NaN() : x[17];
+        std::vector<uint8_t> in(count * 2), out(count * 2, 0xAB);
+        thc::engine::store_from_float(x.data(), count, dt, in.data(), 0);
+        if (nonblocking) {
+          MPI_Request req;
+          ASSERT_EQ(THC_Iallreduce(in.data(), out.data(), static_cast<int>(count), mt, op, MPI_COMM_WORLD, &req),
+                    MPI_SUCCESS)
+              << thc_last_error();
+          ASSERT_EQ(MPI_Wait(&req, MPI_STATUS_IGNORE), MPI_SUCCESS);
+        } else {
+          ASSERT_EQ(THC_Allreduce(in.data(), out.data(), static_cast<int>(count), mt, op, MPI_COMM_WORLD), MPI_SUCCESS)
+              << thc_last_error();
+        }
+        std::vector<float> got(count);
+        thc::engine::load_as_float(out.data(), dt, 0, count, nullptr, got.data());
+        const std::string what = std::string(bf ? "bf16" : "f16") + (op == MPI_MAX ? " max" : op == MPI_MIN ? " min" : " prod") +
+                                 (nonblocking ? " nonblocking" : "");
+        EXPECT_TRUE(std::isnan(got[17])) << what << ": " << got[17];
+        for (size_t i = 0; i < count; ++i) {
+          if (i == 17) continue;
+          ASSERT_EQ(got[i], ex[i]) << what << " element " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(MpiAllreduce, UnbiasedOverSeeds) {
