@@ -18,7 +18,7 @@ namespace {
 std::mutex g_mu;
 int g_keyval = MPI_KEYVAL_INVALID;
 MPI_Op g_avg = MPI_OP_NULL;
-MPI_Op g_sum16 = MPI_OP_NULL;
+MPI_Op g_sum16 = MPI_OP_NULL, g_prod16 = MPI_OP_NULL, g_max16 = MPI_OP_NULL, g_min16 = MPI_OP_NULL;
 MPI_Datatype g_f16 = MPI_DATATYPE_NULL;
 MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
 
@@ -37,21 +37,48 @@ void avg_as_sum(void* in, void* inout, int* len, MPI_Datatype* dt) {
   }
 }
 
-// MPI_SUM of the byte-based 16-bit types, which MPI's built-in ops do not know (MPI_ERR_OP):
-// each element added in float and rounded once to the type, so NaN and Inf propagate as in an
-// IEEE sum. The types are created before any op runs on them.
-void sum16(void* in, void* inout, int* len, MPI_Datatype* dt) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  if (*dt != MPI_DATATYPE_NULL && *dt == g_f16) {
+// MPI's arithmetic ops on the byte-based 16-bit types, which MPI's built-in ops do not know
+// (MPI_ERR_OP): each element combined in float and rounded once to the type, NaN propagating (as
+// in an IEEE sum; for MAX and MIN too, so a NaN on any rank shows in the result whatever the
+// order MPI combines in). Float and double are combined alike. The types are created before any
+// op runs on them.
+template <class F>
+void apply16(void* in, void* inout, int* len, MPI_Datatype* dt, F f) {
+  if (*dt != MPI_DATATYPE_NULL && (*dt == g_f16 || *dt == g_bf16)) {
+    const bool half = *dt == g_f16;
+    const uint16_t* a = static_cast<const uint16_t*>(in);
+    uint16_t* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) {
+      if (half) {
+        b[i] = thc::engine::float_to_half(f(thc::engine::half_to_float(a[i]), thc::engine::half_to_float(b[i])));
+      } else {
+        b[i] = thc::engine::float_to_bf16(f(thc::engine::bf16_to_float(a[i]), thc::engine::bf16_to_float(b[i])));
+      }
+    }
+  } else if (*dt == MPI_FLOAT) {
+    for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] = f(static_cast<float*>(in)[i], static_cast<float*>(inout)[i]);
+  } else if (*dt == MPI_DOUBLE) {
     for (int i = 0; i < *len; ++i)
-      b[i] = thc::engine::float_to_half(thc::engine::half_to_float(a[i]) + thc::engine::half_to_float(b[i]));
-  } else if (*dt != MPI_DATATYPE_NULL && *dt == g_bf16) {
-    for (int i = 0; i < *len; ++i)
-      b[i] = thc::engine::float_to_bf16(thc::engine::bf16_to_float(a[i]) + thc::engine::bf16_to_float(b[i]));
-  } else {
-    avg_as_sum(in, inout, len, dt);  // float and double (documented: THC_MPI_SUM16 is for the 16-bit types)
+      static_cast<double*>(inout)[i] = f(static_cast<double*>(in)[i], static_cast<double*>(inout)[i]);
   }
+}
+void sum16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  apply16(in, inout, len, dt, [](auto x, auto y) { return x + y; });
+}
+void prod16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  apply16(in, inout, len, dt, [](auto x, auto y) { return x * y; });
+}
+void max16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  apply16(in, inout, len, dt, [](auto x, auto y) { return x != x ? x : y != y ? y : x > y ? x : y; });
+}
+void min16(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  apply16(in, inout, len, dt, [](auto x, auto y) { return x != x ? x : y != y ? y : x < y ? x : y; });
+}
+
+MPI_Op op16(MPI_Op* slot, MPI_User_function* fn) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (*slot == MPI_OP_NULL) PMPI_Op_create(fn, 1, slot);
+  return *slot;
 }
 
 // The communicator's thc state, created collectively on first use and freed with the MPI_Comm.
@@ -165,7 +192,12 @@ std::vector<size_t> counts_of(const int* recvcounts, int n, bool* ok) {
 namespace thc::mpi {
 
 MPI_Op exact_op(MPI_Datatype datatype, MPI_Op op) {
-  if (op == MPI_SUM && (datatype == THC_MPI_FLOAT16() || datatype == THC_MPI_BFLOAT16())) return THC_MPI_SUM16();
+  // (the types exist once anything used them: THC_MPI_FLOAT16/BFLOAT16 create them)
+  if (datatype == MPI_DATATYPE_NULL || (datatype != g_f16 && datatype != g_bf16)) return op;
+  if (op == MPI_SUM) return THC_MPI_SUM16();
+  if (op == MPI_PROD) return THC_MPI_PROD16();
+  if (op == MPI_MAX) return THC_MPI_MAX16();
+  if (op == MPI_MIN) return THC_MPI_MIN16();
   return op;
 }
 
@@ -278,11 +310,10 @@ MPI_Op THC_MPI_AVG(void) {
   return g_avg;
 }
 
-MPI_Op THC_MPI_SUM16(void) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  if (g_sum16 == MPI_OP_NULL) PMPI_Op_create(sum16, 1, &g_sum16);
-  return g_sum16;
-}
+MPI_Op THC_MPI_SUM16(void) { return op16(&g_sum16, sum16); }
+MPI_Op THC_MPI_PROD16(void) { return op16(&g_prod16, prod16); }
+MPI_Op THC_MPI_MAX16(void) { return op16(&g_max16, max16); }
+MPI_Op THC_MPI_MIN16(void) { return op16(&g_min16, min16); }
 
 MPI_Datatype THC_MPI_FLOAT16(void) {
   std::lock_guard<std::mutex> lk(g_mu);
@@ -319,7 +350,7 @@ int THC_Allreduce_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, siz
       thc::capi::set_last_error("THC_Allreduce_x: exact fallback supports at most INT_MAX elements");
       return MPI_ERR_COUNT;
     }
-    return PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, op, comm);
+    return PMPI_Allreduce(sendbuf, recvbuf, static_cast<int>(count), datatype, thc::mpi::exact_op(datatype, op), comm);
   }
   thc_comm_t tc;
   if (comm_for(comm, &tc) != THC_SUCCESS) return MPI_ERR_OTHER;
@@ -377,7 +408,7 @@ int THC_Reduce_scatter_x(thc_scheme_t scheme, const void* sendbuf, void* recvbuf
       thc::capi::set_last_error("THC_Reduce_scatter: THC_MPI_AVG is defined for float, double, half and bfloat16 only");
       return MPI_ERR_OP;
     }
-    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
+    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, thc::mpi::exact_op(datatype, op), comm);
   }
   int n = 0;
   if (PMPI_Comm_size(comm, &n) != MPI_SUCCESS) return MPI_ERR_COMM;

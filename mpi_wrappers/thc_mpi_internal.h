@@ -29,9 +29,9 @@ struct IallreduceHooks {
 int iallreduce(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, size_t count, MPI_Datatype datatype,
                MPI_Op op, MPI_Comm comm, thc_state_t state, MPI_Request* request, const IallreduceHooks& hooks);
 
-// The op MPI itself must run for (datatype, op), for exact redos and calls passed to MPI: MPI_SUM
-// of thc's byte-based 16-bit types is THC_MPI_SUM16 (MPI's MPI_SUM refuses them with
-// MPI_ERR_OP); anything else is op itself.
+// The op MPI itself must run for (datatype, op), for exact redos and calls passed to MPI: MPI_SUM,
+// MPI_PROD, MPI_MAX and MPI_MIN of thc's byte-based 16-bit types are THC_MPI_SUM16, ..._PROD16,
+// ..._MAX16, ..._MIN16 (MPI's own refuse them with MPI_ERR_OP); anything else is op itself.
 MPI_Op exact_op(MPI_Datatype datatype, MPI_Op op);
 
 // Waits for the nonblocking calls in flight on the thc communicator cached on comm, if any (before

@@ -57,6 +57,12 @@ MPI_Datatype THC_MPI_BFLOAT16(void);
  * Valid after MPI_Init, created on first use. The PMPI interposer hands it to MPI for these types
  * (the exact redo of a call with NaN/Inf, calls below THC_MIN_BYTES). */
 MPI_Op THC_MPI_SUM16(void);
+/* MPI_PROD, MPI_MAX and MPI_MIN for the same types, alike: in float, rounded once to the type;
+ * MAX and MIN return NaN where any rank has NaN. THC_Allreduce*, THC_Iallreduce*, the
+ * reduce-scatters and the interposer hand them to MPI in place of MPI_PROD/MAX/MIN on these types. */
+MPI_Op THC_MPI_PROD16(void);
+MPI_Op THC_MPI_MAX16(void);
+MPI_Op THC_MPI_MIN16(void);
 
 /* Return MPI error codes (MPI_SUCCESS, or MPI_ERR_OTHER / MPI_ERR_OP / MPI_ERR_COUNT with
  * thc_last_error() set) without calling the communicator's error handler; the PMPI interposer
