@@ -20,7 +20,9 @@
 #   --local         no testbed: plain `mpirun --oversubscribe` on this machine, unshaped only
 #   --configs LIST  subset of: none none-ring bf16 bf16-ring thc-int thc-ps cnat-int cnat-ps (uhc-*,
 #                   dnat-*, *-auto also accepted; a -flat suffix, e.g. thc-ps-flat, sets THC_HIER=0:
-#                   the flat engine over all ranks even with several ranks per host), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
+#                   the flat engine over all ranks even with several ranks per host), SCHEME-ucx-ALGO (thc's
+#                   integer reductions over UCX between the ranks, thc_comm_create_ucx, instead of over MPI;
+#                   MPI only launches), and aggregator rows SCHEME-agg-PLACE: thc-agg-switch (thc-aggregator on
 #                   the bridge, where a switch is: every worker port at the link rate), thc-agg-host
 #                   (on a host of its own with one link), thc-agg-2hosts (two aggregator hosts, the
 #                   job's slots sharded over them), thc-agg-bmv2 (BMv2's simple_switch running the THC
@@ -119,7 +121,7 @@ NEED_AGG=0
 NEED_BMV2=0
 for c in $CONFIGS; do
   [[ "$c" == none || "$c" == none-ring || "$c" == bf16 || "$c" == bf16-ring ||
-     "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)(-flat)?$ ||
+     "$c" =~ ^(thc|uhc|cnat|dnat)-(int|ps|auto)(-flat)?$ || "$c" =~ ^(thc|uhc|cnat|dnat)-ucx-(int|ps|auto)$ ||
      "$c" =~ ^(thc|uhc|cnat|dnat)-agg-(switch|host|2hosts|bmv2)$ ]] || die "unknown config '$c'"
   [[ "$c" == *-agg-* ]] && NEED_AGG=1
   [[ "$c" == *-agg-bmv2 ]] && NEED_BMV2=1
@@ -319,6 +321,7 @@ for c in $CONFIGS; do
       fi
       agg_args=(--aggregator "$AGG_URLS")
       mpi_extra=(-x THC_AGGREGATOR_KEY_FILE) ;;
+    *-ucx-*) scheme=${c%%-ucx-*}; algo=${c##*-ucx-}; agg_args=(--ucx auto) ;;
     *-flat) b=${c%-flat}; scheme=${b%-*}; algo=${b#*-}; mpi_extra=(-x THC_HIER=0) ;;
     *) scheme=${c%-*}; algo=${c#*-} ;;
   esac

@@ -148,6 +148,15 @@ thc_status_t thc_comm_create_inproc(thc_inproc_group_t group, int rank, const th
  * authenticates every datagram and never travels. Collective over the `size` ranks. */
 thc_status_t thc_comm_create_aggregator(const char* urls, int rank, int size, uint32_t job,
                                         const char* key, const thc_config_t* cfg, thc_comm_t* comm);
+/* Peer to peer over UCX (shared memory on one host, TCP or RDMA between hosts, as UCX chooses;
+ * UCX_TLS and UCX_NET_DEVICES steer it), no MPI and no aggregator: what a launcher that gives a
+ * rank, a size and an address (torchrun's) needs. rendezvous "HOST:PORT" (or "tcp://HOST:PORT"):
+ * rank 0 listens there for the other ranks during creation only (unauthenticated, like a
+ * TCPStore; closed once the group is up). Collective over the `size` ranks; every rank waits
+ * for the others up to cfg.timeout_ms (THC_TIMEOUT_MS). THC_ERR_UNSUPPORTED in a build
+ * without UCX. */
+thc_status_t thc_comm_create_ucx(const char* rendezvous, int rank, int size, const thc_config_t* cfg,
+                                 thc_comm_t* comm);
 thc_status_t thc_comm_destroy(thc_comm_t comm);
 thc_status_t thc_comm_rank(thc_comm_t comm, int* rank);
 thc_status_t thc_comm_size(thc_comm_t comm, int* size);

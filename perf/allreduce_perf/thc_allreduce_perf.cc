@@ -48,7 +48,12 @@
 // rank's shard with its exact shard. -o/--op takes the reduction (sum, avg) and the collective
 // (allreduce, reduce_scatter) alike, e.g. --op reduce_scatter -o avg.
 #include <mpi.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -231,7 +236,7 @@ struct Options {
   bool device = false;
   bool nccl = false;
   uint64_t seed = 0;
-  std::string json, aggregator;
+  std::string json, aggregator, ucx;
   double nmse_bound = -1;
 };
 
@@ -307,6 +312,30 @@ std::string json_num(double v) {
 
 }  // namespace
 
+// --ucx auto: this host's first UP non-loopback IPv4 address and a TCP port free a moment ago.
+static std::string auto_rendezvous() {
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return "";
+  std::string ip;
+  for (ifaddrs* i = ifs; i && ip.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char b[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, b, sizeof b)) ip = b;
+  }
+  freeifaddrs(ifs);
+  if (ip.empty()) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  socklen_t len = sizeof a;
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (fd >= 0) close(fd);
+  return ok ? ip + ":" + std::to_string(ntohs(a.sin_port)) : "";
+}
+
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"thc_allreduce_perf: allreduce time, algbw, busbw (nccl-tests conventions), bytes on the wire and "
@@ -350,6 +379,10 @@ int main(int argc, char** argv) {
   app.add_option("--nmse-bound", o.nmse_bound,
                  "fail (exit 1) when a check's NMSE exceeds this (default 0.1 compressed; none: 1e-10 float, "
                  "1e-24 double, 1e-5 half, 1e-3 bfloat16)");
+  app.add_option("--ucx", o.ucx,
+                 "HOST:PORT, or auto (rank 0's first non-loopback IPv4 address and a free port): thc's "
+                 "integer reductions over UCX between the ranks (thc_comm_create_ucx, rendezvous at rank 0), "
+                 "not over MPI; MPI still launches the ranks and runs the float baselines");
   app.add_option("--aggregator", o.aggregator,
                  "udp://HOST:PORT (or dpdk://IPv4:PORT with the THC_DPDK_* knobs), or a comma-separated list: reduce "
                  "thc codes at aggregators instead of MPI (key: THC_AGGREGATOR_KEY or THC_AGGREGATOR_KEY_FILE)");
@@ -384,12 +417,14 @@ int main(int argc, char** argv) {
   const bool thc_run = !none && !bf16;  // a thc communicator runs the calls
   if (bf16) {
     if (ti.thc != THC_FLOAT32) die_all("--scheme bf16 compresses float32 gradients: use -d float");
-    if (o.device || o.nccl || !o.aggregator.empty() || o.ef)
-      die_all("--scheme bf16 runs on host buffers over MPI (no --device, --nccl, --aggregator, --ef)");
+    if (o.device || o.nccl || !o.aggregator.empty() || !o.ucx.empty() || o.ef)
+      die_all("--scheme bf16 runs on host buffers over MPI (no --device, --nccl, --aggregator, --ucx, --ef)");
   }
+  if (!o.ucx.empty() && !o.aggregator.empty()) die_all("--ucx and --aggregator: one transport for thc's codes");
   if (o.nccl) {
     if (!none) die_all("--nccl: NCCL reduces; compression is its net plugin's (THC_COLLNET_SCHEME), keep --scheme none");
     if (!o.aggregator.empty()) die_all("--nccl: the aggregator is the plugin's (THC_COLLNET_AGGREGATOR), not --aggregator");
+    if (!o.ucx.empty()) die_all("--nccl and --ucx: NCCL brings its own transport");
     if (o.ef) die_all("--nccl: no error feedback through NCCL");
     o.device = true;
   }
@@ -463,12 +498,23 @@ int main(int argc, char** argv) {
       // The job label is random per run; the key comes from THC_AGGREGATOR_KEY[_FILE].
       st = thc_comm_create_aggregator(o.aggregator.c_str(), g_rank, g_size, static_cast<uint32_t>(ids[0] ^ ids[1]),
                                       nullptr, &cfg, &tc);
+    } else if (!o.ucx.empty()) {
+      char rv[128] = {0};
+      if (g_rank == 0) {
+        const std::string a = o.ucx == "auto" ? auto_rendezvous() : o.ucx;
+        std::snprintf(rv, sizeof rv, "%s", a.c_str());
+      }
+      MPI_Bcast(rv, sizeof rv, MPI_CHAR, 0, MPI_COMM_WORLD);
+      if (!rv[0]) die_all("--ucx auto: rank 0 has no non-loopback IPv4 address or no free port");
+      o.ucx = rv;
+      st = thc_comm_create_ucx(rv, g_rank, g_size, &cfg, &tc);
     } else {
       st = thc_comm_create_mpi(MPI_COMM_WORLD, &cfg, &tc);
     }
     if (st != THC_SUCCESS)
       die(std::string("creating the thc communicator") +
-          (o.aggregator.empty() ? std::string() : " (aggregator " + o.aggregator + ")") + ": " + thc_last_error());
+          (o.aggregator.empty() ? std::string() : " (aggregator " + o.aggregator + ")") +
+          (o.ucx.empty() ? std::string() : " (ucx, rendezvous " + o.ucx + ")") + ": " + thc_last_error());
   }
 
 #if defined(THC_PERF_NCCL)
@@ -531,6 +577,8 @@ int main(int argc, char** argv) {
                 g_hosts_emulated ? "THC_HIER_HOSTS" : "MPI_COMM_TYPE_SHARED");
     if (thc_run && !o.aggregator.empty()) {
       std::printf("; thc: aggregator");
+    } else if (thc_run && !o.ucx.empty()) {
+      std::printf("; thc: ucx (rendezvous %s)", o.ucx.c_str());
     } else if (thc_run) {
       thc_stats_t st{};
       thc_comm_stats(tc, &st);

@@ -242,9 +242,18 @@ Discovery discover_devices() {
 
 // ---- context ------------------------------------------------------------------------------------
 
-Context::Context(const Device& dev) : dev_(dev) {
+Context::Context(const Device& dev, const std::vector<std::pair<std::string, std::string>>& overrides) : dev_(dev) {
   ucp_config_t* cfg = nullptr;
   THC_CHECK_UCS(ucp_config_read(nullptr, nullptr, &cfg));
+  for (const auto& [name, value] : overrides) {
+    const char* set = std::getenv(("UCX_" + name).c_str());
+    if (set && *set) continue;
+    const ucs_status_t st = ucp_config_modify(cfg, name.c_str(), value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(cfg);
+      THC_CHECK_UCS(st);
+    }
+  }
   const char* env = std::getenv("UCX_NET_DEVICES");
   if (env && *env) {
     net_devices_ = std::string(env) + " (environment)";

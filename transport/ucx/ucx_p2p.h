@@ -29,6 +29,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -78,7 +79,9 @@ static_assert(sizeof(Address) == 24, "Address is 24 bytes");
 // One ucp_context per device; shared (thread-safe) by every listener and endpoint on it.
 class Context {
  public:
-  explicit Context(const Device& dev);  // throws thc::Error
+  // overrides: UCX configuration (name without the UCX_ prefix, value) applied unless the
+  // environment sets that variable (UCX_<name>), which always wins.
+  explicit Context(const Device& dev, const std::vector<std::pair<std::string, std::string>>& overrides = {});  // throws thc::Error
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
