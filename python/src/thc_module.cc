@@ -426,6 +426,18 @@ Comm* create_aggregator(const std::string& urls, int rank, int size, uint32_t jo
   return new Comm(c);
 }
 
+Comm* create_ucx(const std::string& rendezvous, int rank, int size, const Knobs& knobs) {
+  const thc_config_t cfg = make_config(knobs);
+  thc_comm_t c = nullptr;
+  thc_status_t st;
+  {
+    nb::gil_scoped_release nogil;  // collective over the group's processes (or threads)
+    st = thc_comm_create_ucx(rendezvous.c_str(), rank, size, &cfg, &c);
+  }
+  check(st);
+  return new Comm(c);
+}
+
 #if THC_HAVE_MPI
 std::string mpi_library_version() {
   int init = 0;
@@ -741,6 +753,7 @@ NB_MODULE(_thc, m) {
   m.def("status_string", [](int s) { return std::string(thc_status_string(static_cast<thc_status_t>(s))); });
   m.attr("HAVE_MPI") = static_cast<bool>(THC_HAVE_MPI);
   m.attr("HAVE_CUDA") = static_cast<bool>(THC_HAVE_CUDA);
+  m.attr("HAVE_UCX") = static_cast<bool>(THC_HAVE_UCX);
   m.def("knob_names", [] {
     std::vector<std::string> v;
     for (int i = 0; const char* n = thc_knob_name(i); ++i) v.emplace_back(n);
@@ -774,6 +787,8 @@ NB_MODULE(_thc, m) {
                   nb::rv_policy::take_ownership)
       .def_static("aggregator", &create_aggregator, nb::arg("urls"), nb::arg("rank"), nb::arg("size"),
                   nb::arg("job"), nb::arg("key").none(), nb::arg("knobs"), nb::rv_policy::take_ownership)
+      .def_static("ucx", &create_ucx, nb::arg("rendezvous"), nb::arg("rank"), nb::arg("size"), nb::arg("knobs"),
+                  nb::rv_policy::take_ownership)
 #if THC_HAVE_MPI
       .def_static("mpi", &create_mpi, nb::arg("address"), nb::arg("knobs"), nb::rv_policy::take_ownership)
 #endif

@@ -99,3 +99,40 @@ def test_ddp_hook_under_mpirun():
     assert r.returncode == 0, r.stdout
     assert "ok ddp" in r.stdout, r.stdout
     print(r.stdout.strip().splitlines()[-1])
+
+
+def test_ddp_hook_on_ucx_as_torchrun_starts_it():
+    """No MPI: two processes with torchrun's environment, gloo for DDP, thc over UCX for the hook."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("this torch has no gloo process group")
+    if not thc._thc.HAVE_UCX:
+        pytest.skip("this libthc was built without UCX")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(ports[0]), THC_UCX_PORT=str(ports[1]))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(here, "ddp_ucx_worker.py")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o
+    assert "ok ddp ucx" in outs[0], outs[0]
+    print(outs[0].strip().splitlines()[-1])

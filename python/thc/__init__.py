@@ -292,6 +292,17 @@ class Comm:
         return cls._wrap(_thc.Comm.aggregator(urls, rank, size, job, key, _knob_pairs(knobs)))
 
     @classmethod
+    def ucx(cls, rendezvous: str, rank: int, size: int, **knobs: Any) -> "Comm":
+        """Rank ``rank`` of ``size`` processes that reach each other over UCX (no MPI, no aggregator).
+
+        rendezvous: "HOST:PORT" where rank 0 listens while the group forms (under torchrun:
+        MASTER_ADDR and a port other than MASTER_PORT). Collective over the ``size`` ranks; each
+        waits for the others up to ``timeout_ms`` (THC_TIMEOUT_MS). The rendezvous is not
+        authenticated (like torch's TCPStore) and is closed once the group is up.
+        """
+        return cls._wrap(_thc.Comm.ucx(rendezvous, rank, size, _knob_pairs(knobs)))
+
+    @classmethod
     def inproc(cls, group: InprocGroup, rank: int, **knobs: Any) -> "Comm":
         """Rank ``rank`` of an in-process group; every rank on its own thread (collective)."""
         return cls._wrap(_thc.Comm.inproc(group, rank, _knob_pairs(knobs)), keep=group)
