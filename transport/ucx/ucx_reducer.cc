@@ -547,23 +547,50 @@ class UcxLink final : public Link {
 
 }  // namespace
 
-std::unique_ptr<Link> make_ucx_link(const UcxGroupOptions& opt) {
-  if (opt.size < 1 || opt.rank < 0 || opt.rank >= opt.size)
-    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(opt.rank) + " of a group of " +
-                                       std::to_string(opt.size) + " (need 0 <= rank < size)");
-  const PeerAddr at = parse_rendezvous(opt.rendezvous);
-  const auto deadline = Clock::now() + std::chrono::milliseconds(opt.timeout_ms > 0 ? opt.timeout_ms : 1L << 40);
-  std::shared_ptr<ucx::Context> ctx = shared_context();
-  std::vector<std::unique_ptr<ucx::Endpoint>> eps(static_cast<size_t>(opt.size));
-  if (opt.size == 1) return std::make_unique<UcxLink>(0, 1, opt.timeout_ms, ctx, std::move(eps));
+namespace {
 
+ucx::Limits peer_limits(long timeout_ms) {
   ucx::Limits lim;
   lim.max_requests = 1024;
-  lim.timeout_ms = opt.timeout_ms > 0 ? opt.timeout_ms : lim.timeout_ms;
-  ucx::Listener listener(ctx, lim);
-  const std::vector<ucx::Address> addrs = opt.rank == 0 ? rendezvous_root(opt, at, listener.address(), deadline)
-                                                        : rendezvous_member(opt, at, listener.address(), deadline);
+  if (timeout_ms > 0) lim.timeout_ms = timeout_ms;
+  return lim;
+}
 
+class PeerListener final : public UcxPeerListener {
+ public:
+  PeerListener(std::shared_ptr<ucx::Context> ctx, const ucx::Limits& lim)
+      : ctx_(std::move(ctx)), lim_(lim), l_(ctx_, lim) {}
+  const ucx::Address& address() const override { return l_.address(); }
+  std::shared_ptr<ucx::Context> ctx_;
+  ucx::Limits lim_;
+  ucx::Listener l_;
+};
+
+}  // namespace
+
+std::unique_ptr<UcxPeerListener> ucx_listen(long timeout_ms) {
+  return std::make_unique<PeerListener>(shared_context(), peer_limits(timeout_ms));
+}
+
+namespace {
+
+// ucx_connect_peers with the deadline of the whole setup; timeout_ms: THC_TIMEOUT_MS (messages, and
+// the link's progress bound).
+std::unique_ptr<Link> connect_peers_until(PeerListener& pl, const std::vector<ucx::Address>& addrs, int rank,
+                                          Clock::time_point deadline, long timeout_ms) {
+  const int size = static_cast<int>(addrs.size());
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(rank) + " of a group of " +
+                                       std::to_string(size) + " (need 0 <= rank < size)");
+  std::shared_ptr<ucx::Context> ctx = pl.ctx_;
+  const ucx::Limits lim = pl.lim_;
+  ucx::Listener& listener = pl.l_;
+  std::vector<std::unique_ptr<ucx::Endpoint>> eps(static_cast<size_t>(size));
+  if (size == 1) return std::make_unique<UcxLink>(0, 1, timeout_ms, ctx, std::move(eps));
+  UcxGroupOptions opt;
+  opt.rank = rank;
+  opt.size = size;
+  opt.timeout_ms = timeout_ms;
   // Rank i connects to every rank below it and accepts every rank above it; a new connection's
   // first message names its rank.
   struct Out {
@@ -660,6 +687,29 @@ std::unique_ptr<Link> make_ucx_link(const UcxGroupOptions& opt) {
     if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   return std::make_unique<UcxLink>(opt.rank, opt.size, opt.timeout_ms, ctx, std::move(eps));
+}
+
+
+}  // namespace
+
+std::unique_ptr<Link> ucx_connect_peers(UcxPeerListener& listener, const std::vector<ucx::Address>& addrs, int rank,
+                                        long timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1L << 40);
+  return connect_peers_until(static_cast<PeerListener&>(listener), addrs, rank, deadline, timeout_ms);
+}
+
+std::unique_ptr<Link> make_ucx_link(const UcxGroupOptions& opt) {
+  if (opt.size < 1 || opt.rank < 0 || opt.rank >= opt.size)
+    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(opt.rank) + " of a group of " +
+                                       std::to_string(opt.size) + " (need 0 <= rank < size)");
+  const PeerAddr at = parse_rendezvous(opt.rendezvous);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(opt.timeout_ms > 0 ? opt.timeout_ms : 1L << 40);
+  auto listener = ucx_listen(opt.timeout_ms);
+  auto& pl = static_cast<PeerListener&>(*listener);
+  if (opt.size == 1) return connect_peers_until(pl, {listener->address()}, 0, deadline, opt.timeout_ms);
+  const std::vector<ucx::Address> addrs = opt.rank == 0 ? rendezvous_root(opt, at, listener->address(), deadline)
+                                                        : rendezvous_member(opt, at, listener->address(), deadline);
+  return connect_peers_until(pl, addrs, opt.rank, deadline, opt.timeout_ms);
 }
 
 std::unique_ptr<Reducer> make_ucx_reducer(const UcxGroupOptions& opt) {

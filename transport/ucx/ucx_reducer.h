@@ -21,9 +21,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/link.h"
 #include "transport/reducer.h"
+#include "transport/ucx/ucx_p2p.h"
 
 namespace thc::transport {
 
@@ -37,5 +39,20 @@ struct UcxGroupOptions {
 // Collective over the group: returns once every rank is connected. Throws thc::Error.
 std::unique_ptr<Link> make_ucx_link(const UcxGroupOptions& opt);
 std::unique_ptr<Reducer> make_ucx_reducer(const UcxGroupOptions& opt);
+
+// The same without the TCP rendezvous, for callers that exchange addresses themselves (the NCCL
+// plugin's CollNet handles): each rank makes a listener, publishes address(), and once it holds
+// every rank's address (in rank order, its own included) connects.
+class UcxPeerListener {
+ public:
+  virtual ~UcxPeerListener() = default;
+  virtual const ucx::Address& address() const = 0;
+};
+std::unique_ptr<UcxPeerListener> ucx_listen(long timeout_ms);  // throws thc::Error
+// Collective over the ranks: rank i connects to every rank below it and accepts every rank above
+// it through `listener` (each connection's first message names its rank); returns once every
+// peer is connected, or throws (kTimeout naming the ranks missing after timeout_ms).
+std::unique_ptr<Link> ucx_connect_peers(UcxPeerListener& listener, const std::vector<ucx::Address>& addrs, int rank,
+                                        long timeout_ms);
 
 }  // namespace thc::transport
