@@ -15,8 +15,11 @@
 #include "nccl_plugin/aggregator_job.h"
 #include "nccl_plugin/device.h"
 #include "nccl_plugin/guard.h"
+#include "collectives/capi/capi.h"
 #include "nccl_plugin/log.h"
 #include "thc/thc.h"
+#include "transport/schedules/schedules.h"
+#include "transport/ucx/ucx_reducer.h"
 
 namespace thc::nccl_plugin::collnet {
 namespace {
@@ -32,6 +35,7 @@ struct Handle {
   uint32_t version;
   int32_t dev;
   uint64_t nonce;  // random per listen
+  transport::ucx::Address peer;  // THC_COLLNET_AGGREGATOR=peers: the rank's UCX listener (else zero)
 };
 static_assert(sizeof(Handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large for NCCL");
 
@@ -43,7 +47,14 @@ constexpr uint32_t kMrMagic = 0x636d7267;      // "cmrg"
 struct ListenComm {
   uint32_t magic = kListenMagic;
   int dev = 0;
+  // THC_COLLNET_AGGREGATOR=peers: this rank's UCX listener, whose address the handle carries.
+  std::unique_ptr<transport::UcxPeerListener> peers;
 };
+
+// THC_COLLNET_AGGREGATOR=peers: no aggregator; the CollNet ranks (NCCL's node leaders) reduce
+// among themselves with thc's schedules (colocated PS or ring, THC_ALGO) over UCX endpoints, the
+// addresses travelling in NCCL's own handle exchange.
+constexpr const char* kPeers = "peers";
 
 struct Settings {
   bool inited = false;
@@ -261,19 +272,21 @@ ncclResult_t init(ncclDebugLogger_t logger) {
     s.aggregator = s.cfg.collnet_aggregator;
     s.scheme = static_cast<thc_scheme_t>(s.cfg.collnet_scheme);
     s.inited = true;
+    const std::string at = s.aggregator == kPeers ? std::string("the ranks themselves (peers, over UCX)")
+                                                  : "aggregator " + s.aggregator;
     if (s.aggregator.empty()) {
       THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: off (THC_COLLNET_AGGREGATOR not set): no CollNet device");
     } else if (s.scheme == THC_SCHEME_THC || s.scheme == THC_SCHEME_UHC) {
       THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET,
-                      "CollNet: %s-compressed allreduce (bits %d, granularity %d, p %g, block %ld) at aggregator %s, "
+                      "CollNet: %s-compressed allreduce (bits %d, granularity %d, p %g, block %ld) at %s, "
                       "timeout %ld ms",
-                      scheme_name(s.scheme), s.cfg.bits, s.cfg.granularity, s.cfg.p, s.cfg.block, s.aggregator.c_str(),
+                      scheme_name(s.scheme), s.cfg.bits, s.cfg.granularity, s.cfg.p, s.cfg.block, at.c_str(),
                       s.cfg.timeout_ms);
     } else {
       THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET,
-                      "CollNet: %s-compressed allreduce (sum width %d, levels %d, block %ld) at aggregator %s, "
+                      "CollNet: %s-compressed allreduce (sum width %d, levels %d, block %ld) at %s, "
                       "timeout %ld ms",
-                      scheme_name(s.scheme), s.cfg.nat_width, s.cfg.nat_levels, s.cfg.block, s.aggregator.c_str(),
+                      scheme_name(s.scheme), s.cfg.nat_width, s.cfg.nat_levels, s.cfg.block, at.c_str(),
                       s.cfg.timeout_ms);
     }
   });
@@ -317,11 +330,22 @@ ncclResult_t listen(int dev, void* handle, void** listen_comm) {
     h.dev = dev;
     std::random_device rd;
     h.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    auto l = std::make_unique<ListenComm>();
+    l->dev = dev;
+    bool peers = false;
+    long timeout_ms = 0;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      peers = settings().aggregator == kPeers;
+      timeout_ms = settings().cfg.timeout_ms;
+    }
+    if (peers) {
+      l->peers = transport::ucx_listen(timeout_ms);
+      h.peer = l->peers->address();
+    }
     std::memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
     std::memcpy(handle, &h, sizeof h);
-    auto* l = new ListenComm;
-    l->dev = dev;
-    *listen_comm = l;
+    *listen_comm = l.release();
   });
 }
 
@@ -335,6 +359,7 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
     // Every rank sees the same handles in the same order: the job id and the credential follow
     // from all of them, so no rank has to decide and tell the others.
     uint64_t h = mix(static_cast<uint64_t>(nranks));
+    std::vector<transport::ucx::Address> peer_addrs(static_cast<size_t>(nranks));
     for (int i = 0; i < nranks; ++i) {
       Handle hi{};
       if (!handles[i]) fail(Status::kInvalidArgument, "handle of rank " + std::to_string(i) + " is NULL");
@@ -342,6 +367,7 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
       if (hi.magic != kHandleMagic || hi.version != kHandleVersion)
         fail(Status::kInvalidArgument, "handle of rank " + std::to_string(i) + " is not a thc CollNet handle");
       h = mix(h ^ hi.nonce);
+      peer_addrs[static_cast<size_t>(i)] = hi.peer;
     }
     uint32_t job = static_cast<uint32_t>(h >> 32);
     if (job == 0) job = 1;
@@ -361,6 +387,25 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
     c->nranks = nranks;
     c->job = job;
     c->scheme = s.scheme;
+    if (s.aggregator == kPeers) {
+      if (!l->peers) fail(Status::kInvalidArgument, "the listen comm of a peers CollNet has no UCX listener");
+      for (int i = 0; i < nranks; ++i)
+        if (peer_addrs[static_cast<size_t>(i)].magic != transport::ucx::Address::kMagic)
+          fail(Status::kConfigMismatch, "rank " + std::to_string(i) +
+                                            "'s handle carries no UCX address: every rank must run with "
+                                            "THC_COLLNET_AGGREGATOR=peers");
+      std::unique_ptr<transport::Reducer> red = transport::make_scheduled_reducer(
+          transport::ucx_connect_peers(*l->peers, peer_addrs, rank, s.cfg.timeout_ms));
+      if (capi::create_comm(std::move(red), &s.cfg, &c->comm) != THC_SUCCESS)
+        fail(Status::kTransport, "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
+                                     ": the peers' communicator: " + thc_last_error());
+      for (auto& r : c->pool) r.comm = c.get();
+      c->worker = std::thread(worker_main, c.get());
+      THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d connected to its %d peers over UCX (%s; %s)", rank,
+                      nranks, nranks - 1, scheme_name(s.scheme), buffers.c_str());
+      *coll_comm = c.release();
+      return;
+    }
     const thc_status_t st = open_aggregator_job(s.aggregator, rank, nranks, job, credential, s.cfg, &c->comm);
     if (st != THC_SUCCESS)
       fail(st == THC_ERR_TIMEOUT       ? Status::kTimeout

@@ -27,7 +27,10 @@
 //             the bandwidth of a ring stream with NCCL_NET_MAX_REQUESTS in flight (bytes checked).
 //
 //   nccl_plugin_conformance PLUGIN.so --version 8|9|10|11 --suite net,collnet|kill|unreachable|off|bw
-//                           [--aggregator-args "--fault-drop 0.05 ..."] [--scheme-bound 0.1]
+//                           [--aggregator-args "--fault-drop 0.05 ..."] [--scheme-bound 0.1] [--peers]
+//
+// --peers: THC_COLLNET_AGGREGATOR=peers, no aggregator: the collnet suite's allreduces run among
+// the ranks over UCX (the handles carry each rank's UCX address).
 //
 // Every failure prints the rank and what went wrong, then aborts the MPI job (non-zero exit);
 // every polling loop has a deadline, so a plugin that hangs fails instead of stalling the test.
@@ -65,6 +68,7 @@ namespace {
 using namespace thc::nccl_abi;
 using Clock = std::chrono::steady_clock;
 
+bool g_peers = false;  // --peers: THC_COLLNET_AGGREGATOR=peers, no aggregator (the ranks reduce over UCX)
 int g_rank = 0, g_size = 1;
 constexpr auto kDeadline = std::chrono::seconds(120);  // generous: sanitizer builds on 2 busy cores
 
@@ -1007,7 +1011,11 @@ void collnet_suite(Net& net, CollNet& cn, thc::test::AggregatorProcess* agg) {
   CHECK(logged(g_log_info, "CollNet:"), "NCCL's logger never heard the CollNet configuration");
 
   void* coll = collnet_connect(cn, 0);
-  CHECK(logged(g_log_info, "joined job"), "no log line about joining the aggregator job");
+  if (g_peers) {
+    CHECK(logged(g_log_info, "over UCX"), "no log line about connecting to the peers over UCX");
+  } else {
+    CHECK(logged(g_log_info, "joined job"), "no log line about joining the aggregator job");
+  }
 
   const long block = [] {
     const char* b = std::getenv("THC_BLOCK");
@@ -1239,6 +1247,7 @@ int main(int argc, char** argv) {
     if (a == "--version") version = std::atoi(next().c_str());
     else if (a == "--suite") suites = next();
     else if (a == "--aggregator-args") agg_args = next();
+    else if (a == "--peers") g_peers = true;
     else if (a == "--nmse-bound") g_bound = std::atof(next().c_str());
     else if (so.empty() && a[0] != '-') so = a;
     else die("unknown argument %s", a.c_str());
@@ -1251,7 +1260,11 @@ int main(int argc, char** argv) {
   setenv("THC_AGGREGATOR_KEY", thc::switch_offload::auth::format_key(thc::test::test_key(1)).c_str(), 1);
   std::unique_ptr<thc::test::AggregatorProcess> agg;
   char url[256] = {0};
-  if (has("collnet") || has("kill")) {
+  if (g_peers) {
+    CHECK(!has("kill") && !has("unreachable") && !has("off"), "--peers takes the net and collnet suites");
+    std::snprintf(url, sizeof url, "peers");
+    setenv("THC_COLLNET_AGGREGATOR", url, 1);
+  } else if (has("collnet") || has("kill")) {
     if (g_rank == 0) {
       std::vector<std::string> extra;
       std::istringstream in(agg_args);
@@ -1282,7 +1295,8 @@ int main(int argc, char** argv) {
   Net net = load_net(lib, version);
   CollNet cn = load_collnet(lib, version);
   say("# nccl_plugin_conformance: %s, net \"%s\" / collnet \"%s\" v%d, %d ranks, suites %s%s%s", so.c_str(),
-      net.name.c_str(), cn.name.c_str(), version, g_size, suites.c_str(), url[0] ? ", aggregator " : "", url);
+      net.name.c_str(), cn.name.c_str(), version, g_size, suites.c_str(), url[0] ? (g_peers ? ", " : ", aggregator ") : "",
+      url);
 
   if (has("net")) net_suite(net);
   if (has("collnet")) collnet_suite(net, cn, agg.get());
