@@ -1,7 +1,7 @@
 """Started by test_torch.py the way torchrun starts a job: RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in the environment, no MPI anywhere. DDP over a gloo process group with
-thc.torch.ddp_hook on a thc.Comm.ucx communicator (rendezvous at MASTER_ADDR, port
-THC_UCX_PORT). Every step: the gradient DDP hands back is identical on every rank, close to the
+thc.torch.ddp_hook on a thc.Comm.ucx() communicator (everything from the environment: rendezvous
+at MASTER_ADDR, port THC_UCX_PORT). Every step: the gradient DDP hands back is identical on every rank, close to the
 exact mean of the ranks' local gradients (computed apart over gloo), and not this rank's own.
 Prints "ok ddp ucx" on rank 0; a failed check exits non-zero."""
 
@@ -29,8 +29,8 @@ def flat_grads(model: torch.nn.Module) -> torch.Tensor:
 
 def main() -> int:
     dist.init_process_group("gloo")  # env://, as under torchrun
-    rv = f"{os.environ['MASTER_ADDR']}:{os.environ['THC_UCX_PORT']}"
-    with thc.Comm.ucx(rv, RANK, SIZE, seed=1) as comm:
+    # Rank, size and rendezvous from the launcher's environment (MASTER_ADDR, THC_UCX_PORT).
+    with thc.Comm.ucx(seed=1) as comm:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 8))
         local = copy.deepcopy(model)

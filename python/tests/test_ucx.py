@@ -57,3 +57,23 @@ def test_errors_name_what_is_wrong():
     res = run_ranks(1, lambda r: thc.Comm.ucx(rendezvous(), 0, 2, timeout_ms=500))
     assert isinstance(res[0], thc.TimeoutError), res[0]
     assert "rank(s) 1" in str(res[0])
+
+
+def test_rank_size_and_rendezvous_from_a_launchers_environment(monkeypatch):
+    monkeypatch.delenv("THC_UCX_PORT", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(thc.InvalidArgumentError, match="RANK is not set"):
+        thc.Comm.ucx()
+    host, port = rendezvous().rsplit(":", 1)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", host)
+    monkeypatch.setenv("MASTER_PORT", str(int(port) - 1))  # thc takes MASTER_PORT + 1
+    with thc.Comm.ucx() as c:
+        assert (c.rank, c.size) == (0, 1)
+        x = np.arange(1000, dtype=np.float32)
+        y = c.allreduce(x, np.empty_like(x), op="sum")
+        assert np.linalg.norm(y - x) / np.linalg.norm(x) < 0.2
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(thc.InvalidArgumentError, match="not a number"):
+        thc.Comm.ucx()

@@ -292,14 +292,37 @@ class Comm:
         return cls._wrap(_thc.Comm.aggregator(urls, rank, size, job, key, _knob_pairs(knobs)))
 
     @classmethod
-    def ucx(cls, rendezvous: str, rank: int, size: int, **knobs: Any) -> "Comm":
+    def ucx(cls, rendezvous: Optional[str] = None, rank: Optional[int] = None, size: Optional[int] = None,
+            **knobs: Any) -> "Comm":
         """Rank ``rank`` of ``size`` processes that reach each other over UCX (no MPI, no aggregator).
 
-        rendezvous: "HOST:PORT" where rank 0 listens while the group forms (under torchrun:
-        MASTER_ADDR and a port other than MASTER_PORT). Collective over the ``size`` ranks; each
-        waits for the others up to ``timeout_ms`` (THC_TIMEOUT_MS). The rendezvous is not
-        authenticated (like torch's TCPStore) and is closed once the group is up.
+        rendezvous: "HOST:PORT" where rank 0 listens while the group forms. Left out, they come
+        from the environment a launcher such as torchrun sets: rank RANK, size WORLD_SIZE, and
+        MASTER_ADDR with the port THC_UCX_PORT, else MASTER_PORT + 1 (MASTER_PORT itself is
+        torch's store). Collective over the ``size`` ranks; each waits for the others up to
+        ``timeout_ms`` (THC_TIMEOUT_MS). The rendezvous is not authenticated (like torch's
+        TCPStore) and is closed once the group is up.
         """
+        import os
+
+        def env(name: str) -> str:
+            v = os.environ.get(name)
+            if v is None:
+                raise InvalidArgumentError(f"Comm.ucx: {name} is not set (pass rendezvous, rank and size, or run "
+                                           "under a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
+                                           Status.INVALID_ARG)
+            return v
+
+        try:
+            if rank is None:
+                rank = int(env("RANK"))
+            if size is None:
+                size = int(env("WORLD_SIZE"))
+            if rendezvous is None:
+                port = os.environ.get("THC_UCX_PORT") or str(int(env("MASTER_PORT")) + 1)
+                rendezvous = f"{env('MASTER_ADDR')}:{port}"
+        except ValueError as e:
+            raise InvalidArgumentError(f"Comm.ucx: a launcher variable is not a number: {e}", Status.INVALID_ARG)
         return cls._wrap(_thc.Comm.ucx(rendezvous, rank, size, _knob_pairs(knobs)))
 
     @classmethod
