@@ -19,7 +19,8 @@
 #      separate nodes and connects them through the plugin), a thc-aggregator on loopback and
 #      NCCL_NET_PLUGIN=thc NCCL_COLLNET_ENABLE=1 NCCL_DEBUG=INFO; asserts from NCCL's log that the
 #      plugin and CollNet were used and from the tools that the results are right (exact with
-#      CollNet off, within the NMSE bound with it on);
+#      CollNet off, within the NMSE bound with it on); then CollNet with THC_COLLNET_AGGREGATOR=peers
+#      (no aggregator: the ranks reduce among themselves over UCX);
 #   6b. drives the plugin's CollNet on device buffers without NCCL (collnet_device_check): bit-identical
 #      to host buffers, the refusals, and the time per call and PCIe bytes of the device path against
 #      the host-staged path NCCL takes without it;
@@ -479,6 +480,7 @@ nccl_evidence() {
   grep -q "Loaded collnet plugin THC" "$log" && e+="collnet-plugin "
   grep -q "NET/THC device .* connection: UCX lanes" "$log" && e+="ucx "
   grep -q "NET/THC CollNet: rank .* joined job" "$log" && e+="collnet-job "
+  grep -q "NET/THC CollNet: rank .* peers over UCX" "$log" && e+="collnet-peers "
   grep -qE "NET/THC CollNet rank .* first .* allreduce" "$log" && e+="collnet-allreduce "
   echo "${e% }"
 }
@@ -566,6 +568,17 @@ if [ $BUILT_OK -eq 1 ]; then
         step "nccl-tests collnet np=$NCCL_NP" "ok" "avg busbw ${bw:-?} GB/s; log: $ev"
       else
         step "nccl-tests collnet np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet.log") (nccl_tests_collnet.log)"
+      fi
+      # CollNet without an aggregator (THC_COLLNET_AGGREGATOR=peers): the ranks reduce the
+      # compressed sums among themselves over UCX; the log must show the peers connected.
+      NCCL_JOB_AGG=peers nccl_job tests_collnet_peers 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
+      rc=$?
+      ev=$(nccl_evidence "$OUT/nccl_tests_collnet_peers.log")
+      bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_collnet_peers.log" | awk '{print $NF}')
+      if [ $rc -eq 0 ] && [[ "$ev" == *collnet-peers*collnet-allreduce* ]]; then
+        step "nccl-tests collnet peers np=$NCCL_NP" "ok" "no aggregator; avg busbw ${bw:-?} GB/s; log: $ev"
+      else
+        step "nccl-tests collnet peers np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet_peers.log") (nccl_tests_collnet_peers.log)"
       fi
     fi
 
