@@ -387,6 +387,7 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
     c->nranks = nranks;
     c->job = job;
     c->scheme = s.scheme;
+    std::string joined;  // the log's word on where the sums are added
     if (s.aggregator == kPeers) {
       if (!l->peers) fail(Status::kInvalidArgument, "the listen comm of a peers CollNet has no UCX listener");
       for (int i = 0; i < nranks; ++i)
@@ -399,26 +400,22 @@ ncclResult_t connect(void* handles[], int nranks, int rank, void* listen_comm, v
       if (capi::create_comm(std::move(red), &s.cfg, &c->comm) != THC_SUCCESS)
         fail(Status::kTransport, "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
                                      ": the peers' communicator: " + thc_last_error());
-      for (auto& r : c->pool) r.comm = c.get();
-      c->worker = std::thread(worker_main, c.get());
-      THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d connected to its %d peers over UCX (%s; %s)", rank,
-                      nranks, nranks - 1, scheme_name(s.scheme), buffers.c_str());
-      *coll_comm = c.release();
-      return;
+      joined = "connected to its " + std::to_string(nranks - 1) + " peers over UCX";
+    } else {
+      const thc_status_t st = open_aggregator_job(s.aggregator, rank, nranks, job, credential, s.cfg, &c->comm);
+      if (st != THC_SUCCESS)
+        fail(st == THC_ERR_TIMEOUT       ? Status::kTimeout
+             : st == THC_ERR_INVALID_ARG ? Status::kInvalidArgument
+             : st == THC_ERR_UNSUPPORTED ? Status::kUnsupported
+                                         : Status::kTransport,
+             "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " joining job " + std::to_string(job) +
+                 " at " + s.aggregator + ": " + thc_last_error());
+      joined = "joined job " + std::to_string(job) + " at " + s.aggregator;
     }
-    const thc_status_t st = open_aggregator_job(s.aggregator, rank, nranks, job, credential, s.cfg, &c->comm);
-    if (st != THC_SUCCESS)
-      fail(st == THC_ERR_TIMEOUT       ? Status::kTimeout
-           : st == THC_ERR_INVALID_ARG ? Status::kInvalidArgument
-           : st == THC_ERR_UNSUPPORTED ? Status::kUnsupported
-                                       : Status::kTransport,
-           "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " joining job " + std::to_string(job) +
-               " at " + s.aggregator + ": " + thc_last_error());
     for (auto& r : c->pool) r.comm = c.get();
     c->worker = std::thread(worker_main, c.get());
-    THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d joined job %u at %s (%s; %s)", rank, nranks, job,
-                    s.aggregator.c_str(), scheme_name(s.scheme),
-                    buffers.c_str());
+    THC_PLUGIN_INFO(NCCL_INIT | NCCL_NET, "CollNet: rank %d of %d %s (%s; %s)", rank, nranks, joined.c_str(),
+                    scheme_name(s.scheme), buffers.c_str());
     *coll_comm = c.release();
   });
 }

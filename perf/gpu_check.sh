@@ -484,6 +484,20 @@ nccl_evidence() {
   grep -qE "NET/THC CollNet rank .* first .* allreduce" "$log" && e+="collnet-allreduce "
   echo "${e% }"
 }
+# nccl-tests with CollNet on: NAME (log nccl_NAME.log), LABEL (its step), AGG
+# (THC_COLLNET_AGGREGATOR), the evidence the plugin's log must show besides an allreduce, a note.
+collnet_tests() {
+  local name=$1 label=$2 agg=$3 want=$4 note=$5 rc ev bw
+  NCCL_JOB_AGG="$agg" nccl_job "$name" 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
+  rc=$?
+  ev=$(nccl_evidence "$OUT/nccl_$name.log")
+  bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_$name.log" | awk '{print $NF}')
+  if [ $rc -eq 0 ] && [[ "$ev" == *"$want"*collnet-allreduce* ]]; then
+    step "nccl-tests $label np=$NCCL_NP" "ok" "${note}avg busbw ${bw:-?} GB/s; log: $ev"
+  else
+    step "nccl-tests $label np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_$name.log") (nccl_$name.log)"
+  fi
+}
 # The first line of a job's log that says what went wrong.
 nccl_first_error() {
   grep -m1 -E "NCCL WARN|Test failure|CUDA failure|FAILED|error|Error" "$1" | cut -c1-140
@@ -559,27 +573,10 @@ if [ $BUILT_OK -eq 1 ]; then
         step "nccl-tests socket np=$NCCL_NP" "FAILED" "rc=$rc; $(nccl_first_error "$OUT/nccl_tests_socket.log") (nccl_tests_socket.log)"
       fi
       # CollNet on: compressed sums are not exact, so no -c check here (thc_allreduce_perf measures
-      # the error below); the log must show the plugin's CollNet at work.
-      nccl_job tests_collnet 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
-      rc=$?
-      ev=$(nccl_evidence "$OUT/nccl_tests_collnet.log")
-      bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_collnet.log" | awk '{print $NF}')
-      if [ $rc -eq 0 ] && [[ "$ev" == *collnet-job*collnet-allreduce* ]]; then
-        step "nccl-tests collnet np=$NCCL_NP" "ok" "avg busbw ${bw:-?} GB/s; log: $ev"
-      else
-        step "nccl-tests collnet np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet.log") (nccl_tests_collnet.log)"
-      fi
-      # CollNet without an aggregator (THC_COLLNET_AGGREGATOR=peers): the ranks reduce the
-      # compressed sums among themselves over UCX; the log must show the peers connected.
-      NCCL_JOB_AGG=peers nccl_job tests_collnet_peers 1 150 "$NT_BIN" -b 1M -e 32M -f 4 -n 5 -w 2 -c 0
-      rc=$?
-      ev=$(nccl_evidence "$OUT/nccl_tests_collnet_peers.log")
-      bw=$(grep -m1 'Avg bus bandwidth' "$OUT/nccl_tests_collnet_peers.log" | awk '{print $NF}')
-      if [ $rc -eq 0 ] && [[ "$ev" == *collnet-peers*collnet-allreduce* ]]; then
-        step "nccl-tests collnet peers np=$NCCL_NP" "ok" "no aggregator; avg busbw ${bw:-?} GB/s; log: $ev"
-      else
-        step "nccl-tests collnet peers np=$NCCL_NP" "FAILED" "rc=$rc; log: ${ev:-no plugin lines}; $(nccl_first_error "$OUT/nccl_tests_collnet_peers.log") (nccl_tests_collnet_peers.log)"
-      fi
+      # the error below); the log must show the plugin's CollNet at work: at the aggregator, then
+      # without one (THC_COLLNET_AGGREGATOR=peers: the ranks reduce among themselves over UCX).
+      collnet_tests tests_collnet "collnet" "$AGG_URL" collnet-job ""
+      collnet_tests tests_collnet_peers "collnet peers" peers collnet-peers "no aggregator; "
     fi
 
     # The same two net-only jobs with CUDA MPS running: without it the ranks sharing the GPU

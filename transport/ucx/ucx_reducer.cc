@@ -71,6 +71,23 @@ long remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return std::max<long>(0, left);
 }
+// THC_TIMEOUT_MS from now (<= 0: no bound).
+Clock::duration bound_of(long timeout_ms) { return std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1L << 40); }
+Clock::time_point deadline_in(long timeout_ms) { return Clock::now() + bound_of(timeout_ms); }
+
+void check_rank(int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(rank) + " of a group of " +
+                                       std::to_string(size) + " (need 0 <= rank < size)");
+}
+// "1, 4, 7": the ranks in [0, size) for which pick(rank) holds.
+template <class Pick>
+std::string rank_list(int size, Pick pick) {
+  std::string out;
+  for (int q = 0; q < size; ++q)
+    if (pick(q)) out += (out.empty() ? "" : ", ") + std::to_string(q);
+  return out;
+}
 
 class Fd {
  public:
@@ -204,13 +221,10 @@ std::vector<ucx::Address> rendezvous_root(const UcxGroupOptions& opt, const Peer
   };
   try {
     while (joined < opt.size) {
-      if (Clock::now() >= deadline) {
-        std::string missing;
-        for (int q = 1; q < opt.size; ++q)
-          if (ranks[static_cast<size_t>(q)].get() < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-        fail(Status::kTimeout, where + ": rank(s) " + missing + " did not come within " + std::to_string(opt.timeout_ms) +
-                                   " ms (THC_TIMEOUT_MS)");
-      }
+      if (Clock::now() >= deadline)
+        fail(Status::kTimeout, where + ": rank(s) " +
+                                   rank_list(opt.size, [&](int q) { return q > 0 && ranks[static_cast<size_t>(q)].get() < 0; }) +
+                                   " did not come within " + std::to_string(opt.timeout_ms) + " ms (THC_TIMEOUT_MS)");
       std::vector<pollfd> pf;
       pf.push_back({lfd.get(), POLLIN, 0});
       for (auto& p : pending) pf.push_back({p.fd.get(), POLLIN, 0});
@@ -516,7 +530,7 @@ class UcxLink final : public Link {
   }
   void wait_all(std::vector<Req>& reqs, const char* what) {
     std::vector<int> done(reqs.size());
-    const auto bound = std::chrono::milliseconds(timeout_ms_ > 0 ? timeout_ms_ : 1L << 40);
+    const Clock::duration bound = bound_of(timeout_ms_);
     auto until = Clock::now() + bound;
     uint64_t nap = 0;
     for (;;) {
@@ -527,9 +541,9 @@ class UcxLink final : public Link {
         continue;
       }
       if (Clock::now() >= until) {
-        std::string who;
-        for (Req r : reqs)
-          if (r != kNullReq) who += (who.empty() ? "" : ", ") + std::to_string(reinterpret_cast<Op*>(r)->peer);
+        const std::string who = rank_list(size_, [&](int q) {
+          return std::any_of(reqs.begin(), reqs.end(), [&](Req r) { return r != kNullReq && reinterpret_cast<Op*>(r)->peer == q; });
+        });
         fail(Status::kTimeout, std::string("UCX link: ") + what + ": no answer from rank(s) " + who + " within " +
                                    std::to_string(timeout_ms_) + " ms (THC_TIMEOUT_MS)");
       }
@@ -544,10 +558,6 @@ class UcxLink final : public Link {
   std::vector<std::unique_ptr<ucx::Endpoint>> eps_;
   std::vector<std::deque<Op*>> deferred_;
 };
-
-}  // namespace
-
-namespace {
 
 ucx::Limits peer_limits(long timeout_ms) {
   ucx::Limits lim;
@@ -566,31 +576,17 @@ class PeerListener final : public UcxPeerListener {
   ucx::Listener l_;
 };
 
-}  // namespace
-
-std::unique_ptr<UcxPeerListener> ucx_listen(long timeout_ms) {
-  return std::make_unique<PeerListener>(shared_context(), peer_limits(timeout_ms));
-}
-
-namespace {
-
 // ucx_connect_peers with the deadline of the whole setup; timeout_ms: THC_TIMEOUT_MS (messages, and
 // the link's progress bound).
 std::unique_ptr<Link> connect_peers_until(PeerListener& pl, const std::vector<ucx::Address>& addrs, int rank,
                                           Clock::time_point deadline, long timeout_ms) {
   const int size = static_cast<int>(addrs.size());
-  if (size < 1 || rank < 0 || rank >= size)
-    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(rank) + " of a group of " +
-                                       std::to_string(size) + " (need 0 <= rank < size)");
+  check_rank(rank, size);
   std::shared_ptr<ucx::Context> ctx = pl.ctx_;
   const ucx::Limits lim = pl.lim_;
   ucx::Listener& listener = pl.l_;
   std::vector<std::unique_ptr<ucx::Endpoint>> eps(static_cast<size_t>(size));
   if (size == 1) return std::make_unique<UcxLink>(0, 1, timeout_ms, ctx, std::move(eps));
-  UcxGroupOptions opt;
-  opt.rank = rank;
-  opt.size = size;
-  opt.timeout_ms = timeout_ms;
   // Rank i connects to every rank below it and accepts every rank above it; a new connection's
   // first message names its rank.
   struct Out {
@@ -604,25 +600,22 @@ std::unique_ptr<Link> connect_peers_until(PeerListener& pl, const std::vector<uc
     ucx::Request* r = nullptr;
     RankMsg msg{};
   };
-  std::vector<Out> outs(static_cast<size_t>(opt.rank));
-  for (int q = 0; q < opt.rank; ++q) {
+  std::vector<Out> outs(static_cast<size_t>(rank));
+  for (int q = 0; q < rank; ++q) {
     outs[static_cast<size_t>(q)].conn = std::make_unique<ucx::Connector>(ctx, addrs[static_cast<size_t>(q)], lim);
-    outs[static_cast<size_t>(q)].msg = RankMsg{kRvMagic, opt.rank, opt.size, 0};
+    outs[static_cast<size_t>(q)].msg = RankMsg{kRvMagic, rank, size, 0};
   }
   std::vector<std::unique_ptr<In>> ins;  // (UCX writes into msg: stable addresses)
   int up = 0;  // peers with an endpoint in eps (outs count once their hello is sent)
-  const int want = opt.size - 1;
-  const std::string where = "UCX backend (rank " + std::to_string(opt.rank) + ")";
+  const int want = size - 1;
+  const std::string where = "UCX backend (rank " + std::to_string(rank) + ")";
   while (up < want) {
-    if (Clock::now() >= deadline) {
-      std::string missing;
-      for (int q = 0; q < opt.size; ++q)
-        if (q != opt.rank && !eps[static_cast<size_t>(q)]) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-      fail(Status::kTimeout, where + ": no UCX connection with rank(s) " + missing + " within " +
-                                 std::to_string(opt.timeout_ms) + " ms (THC_TIMEOUT_MS)");
-    }
+    if (Clock::now() >= deadline)
+      fail(Status::kTimeout, where + ": no UCX connection with rank(s) " +
+                                 rank_list(size, [&](int q) { return q != rank && !eps[static_cast<size_t>(q)]; }) +
+                                 " within " + std::to_string(timeout_ms) + " ms (THC_TIMEOUT_MS)");
     bool moved = false;
-    for (int q = 0; q < opt.rank; ++q) {
+    for (int q = 0; q < rank; ++q) {
       Out& o = outs[static_cast<size_t>(q)];
       try {
         if (o.conn) {
@@ -668,8 +661,8 @@ std::unique_ptr<Link> connect_peers_until(PeerListener& pl, const std::vector<uc
       }
       if (done) {
         const int q = in.msg.rank;
-        if (got != sizeof in.msg || in.msg.magic != kRvMagic || in.msg.size != opt.size || q <= opt.rank ||
-            q >= opt.size || eps[static_cast<size_t>(q)]) {
+        if (got != sizeof in.msg || in.msg.magic != kRvMagic || in.msg.size != size || q <= rank ||
+            q >= size || eps[static_cast<size_t>(q)]) {
           drop = true;
         } else {
           eps[static_cast<size_t>(q)] = std::move(in.ep);
@@ -686,24 +679,24 @@ std::unique_ptr<Link> connect_peers_until(PeerListener& pl, const std::vector<uc
     }
     if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  return std::make_unique<UcxLink>(opt.rank, opt.size, opt.timeout_ms, ctx, std::move(eps));
+  return std::make_unique<UcxLink>(rank, size, timeout_ms, ctx, std::move(eps));
 }
-
 
 }  // namespace
 
+std::unique_ptr<UcxPeerListener> ucx_listen(long timeout_ms) {
+  return std::make_unique<PeerListener>(shared_context(), peer_limits(timeout_ms));
+}
+
 std::unique_ptr<Link> ucx_connect_peers(UcxPeerListener& listener, const std::vector<ucx::Address>& addrs, int rank,
                                         long timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1L << 40);
-  return connect_peers_until(static_cast<PeerListener&>(listener), addrs, rank, deadline, timeout_ms);
+  return connect_peers_until(static_cast<PeerListener&>(listener), addrs, rank, deadline_in(timeout_ms), timeout_ms);
 }
 
 std::unique_ptr<Link> make_ucx_link(const UcxGroupOptions& opt) {
-  if (opt.size < 1 || opt.rank < 0 || opt.rank >= opt.size)
-    fail(Status::kInvalidArgument, "UCX backend: rank " + std::to_string(opt.rank) + " of a group of " +
-                                       std::to_string(opt.size) + " (need 0 <= rank < size)");
+  check_rank(opt.rank, opt.size);
   const PeerAddr at = parse_rendezvous(opt.rendezvous);
-  const auto deadline = Clock::now() + std::chrono::milliseconds(opt.timeout_ms > 0 ? opt.timeout_ms : 1L << 40);
+  const auto deadline = deadline_in(opt.timeout_ms);
   auto listener = ucx_listen(opt.timeout_ms);
   auto& pl = static_cast<PeerListener&>(*listener);
   if (opt.size == 1) return connect_peers_until(pl, {listener->address()}, 0, deadline, opt.timeout_ms);
