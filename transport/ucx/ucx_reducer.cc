@@ -358,9 +358,9 @@ std::shared_ptr<ucx::Context> shared_context() {
     // Eager sends for every message (UCX_RNDV_THRESH in the environment wins): the schedules'
     // messages are pieces of compressed codes of at most ~256 KB, and a rendezvous costs each one
     // a handshake whose every step waits for the other side's next poll (a rank that found
-    // nothing to do sleeps up to 200 us: ranks share cores). 4 ranks on this 2-core machine, 64 MB
-    // THC PS calls over UCX's TCP transport: 119 ms per call with UCX's automatic threshold,
-    // 81 ms with eager sends (Open MPI's TCP BTL: 83 ms).
+    // nothing to do sleeps up to 200 us: ranks share cores). 4 ranks on a 2-core machine, 64 MB
+    // THC PS calls over UCX's TCP transport: 118-119 ms per call with UCX's automatic threshold,
+    // 81-96 ms with eager sends (README "UCX backend", with the command).
     c = std::make_shared<ucx::Context>(dev, std::vector<std::pair<std::string, std::string>>{{"RNDV_THRESH", "inf"}});
     cache[dev.name] = c;
   }
