@@ -181,7 +181,8 @@ std::vector<std::vector<std::vector<uint8_t>>> run_case(const Case& c, bool devi
 void expect_same(const std::vector<std::vector<std::vector<uint8_t>>>& a,
                  const std::vector<std::vector<std::vector<uint8_t>>>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
-  for (size_t r = 0; r < a.size(); ++r)
+  for (size_t r = 0; r < a.size(); ++r) {
+    ASSERT_EQ(a[r].size(), b[r].size()) << what << ": results of rank " << r;
     for (size_t k = 0; k < a[r].size(); ++k) {
       ASSERT_EQ(a[r][k].size(), b[r][k].size());
       size_t first = a[r][k].size();
@@ -192,6 +193,7 @@ void expect_same(const std::vector<std::vector<std::vector<uint8_t>>>& a,
         }
       EXPECT_EQ(first, a[r][k].size()) << what << ": rank " << r << " call " << k << " first differing byte " << first;
     }
+  }
 }
 
 TEST_F(DevicePathTest, SameBitsAsHostBuffers) {
@@ -380,9 +382,264 @@ TEST_F(DevicePathTest, BadArgumentsAreRefused) {
   });
 }
 
+// ---- groups, reduce-scatter and allgather on device buffers (the engine's stream path): the
+// device codec encodes and decodes each tensor where it lives, only codes cross to the host, and
+// every result, residual and statistic is the bits of the same call on host buffers.
+
+enum class StreamOp { kGroup, kReduceScatter, kAllgather };
+
+struct StreamCase {
+  StreamOp op;
+  Scheme scheme;
+  int algo;
+  int ranks;
+  bool ef;
+  bool in_place;
+};
+
+std::string name(const StreamCase& c) {
+  const char* op = c.op == StreamOp::kGroup           ? "group"
+                   : c.op == StreamOp::kReduceScatter ? "reduce_scatter"
+                                                      : "allgather";
+  return std::string(op) + "/" + thc::codec::scheme_name(c.scheme) + (c.algo == THC_ALGO_PS ? "/ps" : "/int") + "/r" +
+         std::to_string(c.ranks) + (c.ef ? "/ef" : "") + (c.in_place ? "/in_place" : "");
+}
+
+// A group's tensors: several dtypes, sizes that end inside a block, one smaller than a block.
+struct Member {
+  uint64_t count;
+  DType dtype;
+};
+const std::vector<Member> kMembers = {
+    {3 * 1024 + 5, DType::kF32}, {1024, DType::kF16}, {2 * 1024 + 700, DType::kBF16}, {17, DType::kF32}};
+
+// Shard counts of reduce-scatter / allgather for n ranks (one empty shard when n > 2).
+std::vector<uint64_t> shard_counts(int n, DType t) {
+  std::vector<uint64_t> c;
+  for (int q = 0; q < n; ++q) c.push_back(q == 1 && n > 2 ? 0 : (q + 1) * 1024 + 37 * q + (t == DType::kF32 ? 3 : 0));
+  return c;
+}
+
+struct StreamResult {
+  std::vector<std::vector<std::vector<uint8_t>>> out;  // [rank][call * members + member]
+  std::vector<std::vector<std::vector<float>>> res;    // [rank][member] final residuals
+  std::vector<thc::engine::EngineStats> stats;
+};
+
+std::vector<float> residual_of(const ErrorFeedback& fb) {
+  if (!fb.device) return fb.residual;
+  std::vector<float> r(fb.count);
+  cudaMemcpy(r.data(), fb.device.get(), fb.count * sizeof(float), cudaMemcpyDeviceToHost);
+  return r;
+}
+
+// `calls` successive calls of c per rank, on device buffers where device(rank, member) says so.
+StreamResult run_stream_case(const StreamCase& c, const std::function<bool(int, size_t)>& device, int calls = 2,
+                             int left_out = -1) {
+  const thc_config_t cfg = config(c.algo);
+  const int n = c.ranks;
+  StreamResult R;
+  R.out.assign(n, {});
+  R.res.assign(n, {});
+  R.stats.resize(n);
+  run_ranks(n, cfg, [&](int r, Engine& e) {
+    try {
+      if (c.op == StreamOp::kGroup) {
+        std::vector<ErrorFeedback> fb(kMembers.size());
+        for (int k = 0; k < calls; ++k) {
+          std::vector<std::vector<uint8_t>> in(kMembers.size());
+          std::vector<std::vector<uint8_t>> hs(kMembers.size()), hr(kMembers.size());
+          std::vector<std::unique_ptr<DevBuf<uint8_t>>> ds(kMembers.size()), dr(kMembers.size());
+          std::vector<thc::engine::Tensor> ts(kMembers.size());
+          for (size_t i = 0; i < kMembers.size(); ++i) {
+            const Member& m = kMembers[i];
+            in[i] = as_bytes(dyadic(m.count, 1000 * r + 10 * k + static_cast<uint32_t>(i)), m.dtype);
+            ts[i].count = m.count;
+            ts[i].dtype = m.dtype;
+            ts[i].ef = c.ef ? &fb[i] : nullptr;
+            if (device(r, i)) {
+              ds[i] = std::make_unique<DevBuf<uint8_t>>(in[i]);
+              dr[i] = std::make_unique<DevBuf<uint8_t>>(in[i].size());
+              ts[i].send = ds[i]->get();
+              ts[i].recv = c.in_place ? ds[i]->get() : dr[i]->get();
+            } else {
+              hs[i] = in[i];
+              hr[i].assign(in[i].size(), 0xAB);
+              ts[i].send = hs[i].data();
+              ts[i].recv = c.in_place ? hs[i].data() : hr[i].data();
+            }
+          }
+          e.allreduce_group(c.scheme, ts.data(), ts.size(), false);
+          for (size_t i = 0; i < kMembers.size(); ++i) {
+            if (device(r, i)) {
+              R.out[r].push_back(c.in_place ? ds[i]->download() : dr[i]->download());
+            } else {
+              R.out[r].push_back(c.in_place ? hs[i] : hr[i]);
+            }
+          }
+        }
+        for (const ErrorFeedback& f : fb) R.res[r].push_back(residual_of(f));
+      } else {
+        const bool rs = c.op == StreamOp::kReduceScatter;
+        const DType t = c.algo == THC_ALGO_PS ? DType::kF16 : DType::kF32;
+        const size_t esz = thc::engine::dtype_size(t);
+        const std::vector<uint64_t> counts = shard_counts(n, t);
+        uint64_t total = 0;
+        for (uint64_t v : counts) total += v;
+        ErrorFeedback fb;
+        const bool dev = device(r, 0);
+        for (int k = 0; k < calls; ++k) {
+          const uint64_t in_count = rs ? total : counts[r];
+          const uint64_t out_count = rs ? counts[r] : total;
+          const std::vector<uint8_t> in = as_bytes(dyadic(in_count, 500 * r + k), t);
+          // in place: recv holds the input (reduce-scatter: the whole vector; allgather: rank r's
+          // shard at its offset in the whole) and receives the result at its front / everywhere.
+          uint64_t off = 0;
+          for (int q = 0; q < r; ++q) off += counts[q];
+          std::vector<uint8_t> recv_init(std::max(in_count, out_count) * esz, 0xCD);
+          if (c.in_place) std::memcpy(recv_init.data() + (rs ? 0 : off * esz), in.data(), in.size());
+          ErrorFeedback* const f = c.ef ? &fb : nullptr;
+          auto call = [&](const void* send, void* recv) {
+            if (rs) {
+              e.reduce_scatter(c.scheme, c.in_place ? nullptr : send, recv, counts.data(), t, false, f);
+            } else {
+              e.allgather(c.scheme, c.in_place ? nullptr : send, recv, counts.data(), t, f);
+            }
+          };
+          std::vector<uint8_t> got = recv_init;
+          if (dev) {
+            DevBuf<uint8_t> s(in), d(recv_init);
+            call(s.get(), d.get());
+            got = d.download();
+          } else {
+            std::vector<uint8_t> s = in;
+            call(s.data(), got.data());
+          }
+          got.resize(out_count * esz);
+          R.out[r].push_back(got);
+        }
+        R.res[r].push_back(residual_of(fb));
+      }
+    } catch (const thc::Error& err) {
+      ADD_FAILURE() << "rank " << r << ": " << err.what();
+    }
+    R.stats[r] = e.stats();
+  }, left_out);
+  return R;
+}
+
+void expect_same(const StreamResult& a, const StreamResult& b, const std::string& what) {
+  expect_same(a.out, b.out, what);
+  for (size_t r = 0; r < a.res.size(); ++r) {
+    ASSERT_EQ(a.res[r].size(), b.res[r].size());
+    for (size_t i = 0; i < a.res[r].size(); ++i) {
+      ASSERT_EQ(a.res[r][i].size(), b.res[r][i].size()) << what << ": residual " << i << " of rank " << r;
+      EXPECT_TRUE(a.res[r][i] == b.res[r][i]) << what << ": residual " << i << " of rank " << r;
+    }
+    EXPECT_EQ(a.stats[r].calls, b.stats[r].calls) << what;
+    EXPECT_EQ(a.stats[r].elements, b.stats[r].elements) << what;
+    EXPECT_EQ(a.stats[r].wire_bytes_up, b.stats[r].wire_bytes_up) << what;
+    EXPECT_EQ(a.stats[r].wire_bytes_down, b.stats[r].wire_bytes_down) << what;
+    EXPECT_EQ(a.stats[r].groups, b.stats[r].groups) << what;
+  }
+}
+
+const auto kAllHost = [](int, size_t) { return false; };
+const auto kAllDevice = [](int, size_t) { return true; };
+
+TEST_F(DevicePathTest, GroupsReduceScatterAndAllgatherOnDeviceBuffersGiveTheHostBits) {
+  std::vector<StreamCase> cases;
+  for (StreamOp op : {StreamOp::kGroup, StreamOp::kReduceScatter, StreamOp::kAllgather})
+    for (int algo : {THC_ALGO_PS, THC_ALGO_INT})
+      for (bool in_place : {false, true}) {
+        const bool ef = op != StreamOp::kAllgather || algo == THC_ALGO_PS;
+        cases.push_back({op, algo == THC_ALGO_PS ? Scheme::kThc : Scheme::kCnat, algo, 3, ef, in_place});
+      }
+  cases.push_back({StreamOp::kGroup, Scheme::kThc, THC_ALGO_PS, 2, false, false});
+  cases.push_back({StreamOp::kReduceScatter, Scheme::kThc, THC_ALGO_INT, 4, true, false});
+  for (const StreamCase& c : cases) {
+    SCOPED_TRACE(name(c));
+    const StreamResult host = run_stream_case(c, kAllHost);
+    const StreamResult dev = run_stream_case(c, kAllDevice);
+    ASSERT_NO_FATAL_FAILURE(expect_same(host, dev, "device buffers"));
+    if (c.ef && !dev.res[0].empty()) {
+      double e2 = 0;
+      for (float v : dev.res[0][0]) e2 += double(v) * v;
+      EXPECT_GT(e2, 0.0) << "the residual was never written";
+    }
+  }
+}
+
+TEST_F(DevicePathTest, HostAndDeviceBuffersMixInOneGroupAndAcrossRanks) {
+  for (int algo : {THC_ALGO_PS, THC_ALGO_INT}) {
+    const StreamCase g{StreamOp::kGroup, Scheme::kThc, algo, 3, true, false};
+    SCOPED_TRACE(name(g));
+    const StreamResult host = run_stream_case(g, kAllHost);
+    // tensors 1 and 2 on the device on every rank, the others on the host
+    expect_same(host, run_stream_case(g, [](int, size_t i) { return i == 1 || i == 2; }), "mixed tensors");
+    // rank 1 passes host buffers, the others device buffers
+    expect_same(host, run_stream_case(g, [](int r, size_t) { return r != 1; }), "mixed ranks");
+    const StreamCase rs{StreamOp::kReduceScatter, Scheme::kCnat, algo, 3, true, true};
+    expect_same(run_stream_case(rs, kAllHost), run_stream_case(rs, [](int r, size_t) { return r == 2; }),
+                "reduce-scatter, mixed ranks");
+  }
+}
+
+TEST_F(DevicePathTest, StreamCallsUnderPartialAggregationMatchHost) {
+  // Rank 1 is left out of every aggregate: its residuals keep its whole contribution, SUM is
+  // scaled from the counted workers' mean.
+  for (StreamOp op : {StreamOp::kGroup, StreamOp::kReduceScatter}) {
+    for (bool in_place : {false, true}) {
+      const StreamCase c{op, Scheme::kThc, THC_ALGO_INT, 3, true, in_place};
+      SCOPED_TRACE(name(c));
+      expect_same(run_stream_case(c, kAllHost, 2, 1), run_stream_case(c, kAllDevice, 2, 1), "partial aggregation");
+    }
+  }
+}
+
+TEST_F(DevicePathTest, StreamCallsOnDeviceBuffersRefuseWhatTheyCannotDo) {
+  const thc_config_t cfg = config(THC_ALGO_INT);
+  std::vector<int> status(2, -1);
+  run_ranks(2, cfg, [&](int r, Engine& e) {
+    auto status_of = [](const std::function<void()>& f) {
+      try {
+        f();
+        return thc::Status::kSuccess;
+      } catch (const thc::Error& err) {
+        return err.status();
+      }
+    };
+    // float64 device tensors: the GPU codec takes float32, float16 and bfloat16 (on every rank)
+    DevBuf<double> d64(1000);
+    std::vector<double> h64(1000, 1.0);
+    thc::engine::Tensor t{r == 0 ? static_cast<const void*>(d64.get()) : h64.data(),
+                          r == 0 ? static_cast<void*>(d64.get()) : h64.data(), 1000, DType::kF64, nullptr};
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &t, 1, false); }), thc::Status::kUnsupported)
+        << "rank " << r;
+    // send on the device, recv on the host
+    DevBuf<float> d(2048);
+    std::vector<float> h(2048, 1.0f);
+    thc::engine::Tensor u{d.get(), r == 0 ? static_cast<void*>(h.data()) : d.get(), 2048, DType::kF32, nullptr};
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &u, 1, false); }), thc::Status::kInvalidArgument)
+        << "rank " << r;
+    // an error-feedback state bound to host buffers is not reused on device buffers
+    ErrorFeedback fb;
+    thc::engine::Tensor th{h.data(), h.data(), 2048, DType::kF32, &fb};
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &th, 1, false); }), thc::Status::kSuccess);
+    thc::engine::Tensor td{d.get(), d.get(), 2048, DType::kF32, &fb};
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &td, 1, false); }), thc::Status::kInvalidArgument);
+    // and the communicator goes on
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &u, 0, false); }), thc::Status::kSuccess);
+    thc::engine::Tensor ok{d.get(), d.get(), 2048, DType::kF32, nullptr};
+    EXPECT_EQ(status_of([&] { e.allreduce_group(Scheme::kThc, &ok, 1, false); }), thc::Status::kSuccess);
+    status[r] = 0;
+  });
+  EXPECT_EQ(status, std::vector<int>(2, 0));
+}
+
 // Nonblocking calls on device buffers (C API, in-process communicators): the call runs on the
 // communicator's progress thread, which selects the buffers' device itself, and returns the bits
-// of the same blocking call on host buffers. Groups refuse device buffers on every rank alike.
+// of the same blocking call on host buffers, as does a group of one device tensor.
 TEST_F(DevicePathTest, NonblockingOnDeviceBuffersMatchesBlockingOnHost) {
   const int n = 3;
   const uint64_t count = 5 * 1024 + 3;
@@ -422,7 +679,7 @@ TEST_F(DevicePathTest, NonblockingOnDeviceBuffersMatchesBlockingOnHost) {
   }
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(dev[r], host[r]) << "rank " << r;
-    EXPECT_EQ(group_st[r], THC_ERR_UNSUPPORTED) << "rank " << r;
+    EXPECT_EQ(group_st[r], THC_SUCCESS) << "rank " << r;
   }
 }
 
