@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -124,6 +125,11 @@ struct PerDevice {
   std::map<const codec::Codec*, std::unique_ptr<DeviceCodec>> codecs;
   Buffer<false> dev;  // prelude words, prelude temp, codec temp, per-slot wire data, partial-path scratch
   Buffer<true> host;  // prelude words, per-slot wire data
+  // The stream path's (groups, reduce-scatter, allgather: StreamWork below), kept across calls.
+  struct {
+    Buffer<false> pre, pre_temp, stats, temp, wire, sums, tmp, keep[2];
+    Buffer<true> h_pre;
+  } st;
 
   explicit PerDevice(int d) : device(d) {
     // A blocking stream: ordered after work on the legacy default stream, like cudaMemcpy.
@@ -162,12 +168,196 @@ struct Plan {
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
+// The device residual of ef (count floats), allocated and zeroed on first use.
+float* device_residual(engine::ErrorFeedback& ef, uint64_t count, int device, cudaStream_t stream) {
+  if (!ef.device) {
+    if (ef.count != 0)
+      fail(Status::kInvalidArgument, "error-feedback state was bound to host buffers, used with device buffers");
+    float* p = nullptr;
+    THC_ENGINE_CUDA(cudaMalloc(&p, std::max<uint64_t>(count, 1) * sizeof(float)));
+    ef.device = std::shared_ptr<float>(p, [device](float* q) {
+      DeviceGuard g(device);
+      cudaFree(q);
+    });
+    ef.device_id = device;
+    ef.count = count;
+    THC_ENGINE_CUDA(cudaMemsetAsync(p, 0, count * sizeof(float), stream));
+  } else if (ef.device_id != device) {
+    fail(Status::kInvalidArgument, "error-feedback state lives on CUDA device " + std::to_string(ef.device_id) +
+                                       ", the buffers on device " + std::to_string(device));
+  }
+  return ef.device.get();
+}
+
+Rng rng_of(const codec::CallRng& r) {
+  Rng g;
+  g.seed = r.seed;
+  g.rank = r.rank;
+  g.round = r.round;
+  return g;
+}
+
+// Elements and wire elements of blocks [b0, b0 + nblk) of lay.
+uint64_t run_elems(const codec::Layout& lay, uint64_t b0, uint64_t nblk) {
+  return (nblk - 1) * lay.block + lay.elems(b0 + nblk - 1);
+}
+uint64_t run_wire(const codec::Layout& lay, uint64_t b0, uint64_t nblk) {
+  return (nblk - 1) * lay.block + lay.wire(b0 + nblk - 1);
+}
+
+// engine::DeviceStream on one device: the stream path's device work, on the device's stream.
+class StreamWork final : public engine::DeviceStream {
+ public:
+  explicit StreamWork(PerDevice& pd) : guard_(pd.device), pd_(pd), b_(pd.st) {}
+  ~StreamWork() override {
+    cudaStreamSynchronize(pd_.stream);
+    for (void* p : scratch_) cudaFree(p);
+  }
+
+  float* residual(engine::ErrorFeedback& ef, uint64_t count) override {
+    return device_residual(ef, count, pd_.device, pd_.stream);
+  }
+
+  bool prelude(const codec::Codec& cod, const codec::Layout& lay, const void* x, DType t, const float* res,
+               float* stats) override {
+    const DeviceCodec& dc = pd_.codec_for(cod);
+    const InType it = in_type(t);
+    size_t tb = 0;
+    THC_ENGINE_CUDA(cuda::prelude(nullptr, &tb, dc, lay, nullptr, it, nullptr, nullptr, nullptr, 0, nullptr));
+    b_.pre_temp.reserve(tb);
+    const size_t words = lay.nblocks + kCheckWords;
+    b_.pre.reserve(words * sizeof(uint32_t));
+    b_.h_pre.reserve(words * sizeof(uint32_t));
+    uint32_t* d = b_.pre.get<uint32_t>();
+    uint32_t* h = b_.h_pre.get<uint32_t>();
+    THC_ENGINE_CUDA(cuda::prelude(b_.pre_temp.get(), &tb, dc, lay, x, it, res, reinterpret_cast<float*>(d),
+                                  d + lay.nblocks, 0, pd_.stream));
+    THC_ENGINE_CUDA(cudaMemcpyAsync(h, d, words * sizeof(uint32_t), cudaMemcpyDeviceToHost, pd_.stream));
+    THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream));
+    std::memcpy(stats, h, lay.nblocks * sizeof(float));
+    return h[lay.nblocks] == 0;
+  }
+
+  void reserve(uint64_t nb, uint64_t max_wire, uint64_t max_elems, bool keep_x) override {
+    b_.stats.reserve(nb * sizeof(float));
+    // Codes of a run: packed indices (at most 8 bits each) or values of the sum type (at most 4 bytes).
+    b_.wire.reserve(max_wire * 4 + 64);
+    b_.sums.reserve(max_wire * 4 + 64);
+    b_.tmp.reserve(max_elems * sizeof(float));
+    if (keep_x)
+      for (auto& k : b_.keep) k.reserve(max_elems * sizeof(float));
+  }
+  void set_stats(const float* stats, uint64_t nb) override {
+    THC_ENGINE_CUDA(cudaMemcpyAsync(b_.stats.get(), stats, nb * sizeof(float), cudaMemcpyHostToDevice, pd_.stream));
+    // Host memory handed in may be reused once a call returns (a pageable copy returns when its
+    // source is read; waiting here makes that hold for pinned memory too).
+    THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream));
+  }
+
+  void encode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
+              const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, void* out, int keep_slot,
+              uint64_t xoff) override {
+    const DeviceCodec& dc = pd_.codec_for(cod);
+    const InType it = in_type(t);
+    const uint64_t first = b0 * lay.block;
+    const uint64_t m = run_elems(lay, b0, nblk);
+    const void* xs = static_cast<const char*>(x) + first * in_size(it);
+    float* ef = res ? res + first : nullptr;
+    if (keep_slot >= 0)  // x + e before encode updates e
+      THC_ENGINE_CUDA(add_input(xs, it, ef, m, b_.keep[keep_slot].get<float>() + xoff, pd_.stream));
+    EncodeOut o;
+    o.residual = ef;
+    if (packed) {
+      o.packed = b_.wire.get<uint8_t>();
+    } else {
+      o.values = b_.wire.get();
+      o.layout = ValueLayout::kNative;
+    }
+    size_t tb = 0;
+    THC_ENGINE_CUDA(cuda::encode(nullptr, &tb, dc, lay, b0, nblk, nullptr, it, nullptr, nullptr, Rng(), EncodeOut(),
+                                 nullptr, nullptr));
+    b_.temp.reserve(tb);
+    THC_ENGINE_CUDA(cuda::encode(b_.temp.get(), &tb, dc, lay, b0, nblk, xs, it, ef, b_.stats.get<float>() + g0 + b0,
+                                 rng_of(rng), o, nullptr, pd_.stream));
+    const uint64_t w = run_wire(lay, b0, nblk);
+    const size_t bytes = packed ? cod.packed_bytes(w) : w * codec::int_size(cod.sum_type());
+    THC_ENGINE_CUDA(cudaMemcpyAsync(out, b_.wire.get(), bytes, cudaMemcpyDeviceToHost, pd_.stream));
+    THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream));
+  }
+
+  void decode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
+              const void* sums, const codec::CallRng& rng, int contributors, bool as_mean, float scale, void* out,
+              DType ot) override {
+    const DeviceCodec& dc = pd_.codec_for(cod);
+    const InType it = in_type(ot);
+    const uint64_t first = b0 * lay.block;
+    const uint64_t m = run_elems(lay, b0, nblk);
+    const uint64_t w = run_wire(lay, b0, nblk);
+    THC_ENGINE_CUDA(cudaMemcpyAsync(b_.sums.get(), sums, w * codec::int_size(cod.sum_type()), cudaMemcpyHostToDevice,
+                                    pd_.stream));
+    void* o = static_cast<char*>(out) + first * in_size(it);
+    const float* st = b_.stats.get<float>() + g0 + b0;
+    size_t tb = 0;
+    THC_ENGINE_CUDA(cuda::decode(nullptr, &tb, dc, lay, b0, nblk, nullptr, ValueLayout::kNative, nullptr, Rng(), 1,
+                                 false, nullptr, it, nullptr, nullptr, nullptr));
+    b_.temp.reserve(tb);
+    if (scale == 1.0f) {
+      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, b_.sums.get(), ValueLayout::kNative, st,
+                                   rng_of(rng), contributors, as_mean, o, it, nullptr, nullptr, pd_.stream));
+    } else {
+      float* tmp = b_.tmp.get<float>();
+      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, b_.sums.get(), ValueLayout::kNative, st,
+                                   rng_of(rng), contributors, as_mean, tmp, InType::kF32, nullptr, nullptr,
+                                   pd_.stream));
+      THC_ENGINE_CUDA(scale_store(tmp, m, scale, o, it, pd_.stream));
+    }
+  }
+
+  void restore(int slot, uint64_t xoff, float* res, uint64_t m) override {
+    THC_ENGINE_CUDA(cudaMemcpyAsync(res, b_.keep[slot].get<float>() + xoff, m * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, pd_.stream));
+  }
+  void add_into(const void* x, DType t, float* res, uint64_t m) override {
+    THC_ENGINE_CUDA(add_input(x, in_type(t), res, m, res, pd_.stream));
+  }
+  void* scratch(size_t bytes) override {
+    void* p = nullptr;
+    THC_ENGINE_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    scratch_.push_back(p);
+    return p;
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    THC_ENGINE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, pd_.stream));
+  }
+  void sync() override { THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream)); }
+
+ private:
+  DeviceGuard guard_;
+  PerDevice& pd_;
+  decltype(PerDevice::st)& b_;
+  std::vector<void*> scratch_;
+};
+
 class Session final : public engine::DeviceSession {
  public:
   void allreduce(engine::Engine& eng, const CallPlan& plan, const void* send, void* recv,
                  engine::ErrorFeedback* ef) override;
+  std::unique_ptr<engine::DeviceStream> stream(const std::vector<const void*>& ptrs) override {
+    if (ptrs.empty()) fail(Status::kInternal, "a device stream without device buffers");
+    const int device = device_of(ptrs[0]);
+    for (const void* p : ptrs)
+      if (device_of(p) != device)
+        fail(Status::kInvalidArgument, "the call's device buffers are on different CUDA devices");
+    DeviceGuard guard(device);
+    return std::make_unique<StreamWork>(per_device(device));
+  }
 
  private:
+  PerDevice& per_device(int device) {
+    auto& slot = devices_[device];
+    if (!slot) slot = std::make_unique<PerDevice>(device);
+    return *slot;
+  }
   std::map<int, std::unique_ptr<PerDevice>> devices_;
 };
 
@@ -177,9 +367,7 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   const int device = device_of(recv);
   if (device_of(send) != device) fail(Status::kInvalidArgument, "sendbuf and recvbuf are on different CUDA devices");
   DeviceGuard guard(device);
-  auto& pd_slot = devices_[device];
-  if (!pd_slot) pd_slot = std::make_unique<PerDevice>(device);
-  PerDevice& pd = *pd_slot;
+  PerDevice& pd = per_device(device);
   cudaStream_t stream = pd.stream;
 
   const codec::Codec& cod = *plan.cod;
@@ -203,24 +391,7 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   red.set_part_granule(lay.block);
 
   // Error feedback: a device residual beside the buffers, zeroed on first use.
-  float* efr = nullptr;
-  if (ef) {
-    if (!ef->device) {
-      float* p = nullptr;
-      THC_ENGINE_CUDA(cudaMalloc(&p, count * sizeof(float)));
-      ef->device = std::shared_ptr<float>(p, [device](float* q) {
-        DeviceGuard g(device);
-        cudaFree(q);
-      });
-      ef->device_id = device;
-      ef->count = count;
-      THC_ENGINE_CUDA(cudaMemsetAsync(p, 0, count * sizeof(float), stream));
-    } else if (ef->device_id != device) {
-      fail(Status::kInvalidArgument, "error-feedback state lives on CUDA device " + std::to_string(ef->device_id) +
-                                         ", the buffers on device " + std::to_string(device));
-    }
-    efr = ef->device.get();
-  }
+  float* const efr = ef ? device_residual(*ef, count, device, stream) : nullptr;
 
   // ---- buffers
   Plan w;

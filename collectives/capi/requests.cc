@@ -189,9 +189,7 @@ thc_status_t allreduce_call(const char* where, thc_scheme_t scheme, const void* 
   Work w;
   w.fusable = true;
   w.noop = count == 0;  // a call of count 0 does not communicate, on any rank
-  const bool device = count > 0 && ((sendbuf && sendbuf != THC_IN_PLACE && engine::is_device_buffer(sendbuf)) ||
-                                    (recvbuf && engine::is_device_buffer(recvbuf)));
-  w.can_join = c.ok() && !device && comm->engine != nullptr;
+  w.can_join = c.ok() && comm->engine != nullptr;  // (host or device buffers: the group path takes both)
   w.scheme = static_cast<codec::Scheme>(scheme);
   w.mean = op == THC_OP_AVG;
   w.key = static_cast<uint64_t>(scheme) * 2 + (w.mean ? 1 : 0);
@@ -271,9 +269,13 @@ thc_status_t shards_call(const char* where, bool rs, thc_scheme_t scheme, const 
   // recvbuf holds this rank's result (reduce-scatter: its shard), and the input when in place
   if (!recvbuf && (rs ? (counts[static_cast<size_t>(me)] > 0 || (in_place && total > 0)) : total > 0))
     c.refuse(Status::kInvalidArgument, "recvbuf is NULL");
-  if (total > 0 && ((sendbuf && sendbuf != THC_IN_PLACE && engine::is_device_buffer(sendbuf)) ||
-                    (recvbuf && engine::is_device_buffer(recvbuf))))
-    c.refuse(Status::kUnsupported, "device buffers: reduce-scatter and allgather take host memory");
+  // A hierarchical communicator's reduce-scatter and allgather go through host staging of the
+  // whole vector (Composite); the engine's take device buffers.
+  if (total > 0 && comm && comm->composite &&
+      ((sendbuf && sendbuf != THC_IN_PLACE && engine::is_device_buffer(sendbuf)) ||
+       (recvbuf && engine::is_device_buffer(recvbuf))))
+    c.refuse(Status::kUnsupported,
+             "device buffers: reduce-scatter and allgather on a hierarchical communicator (THC_HIER) take host memory");
   States states;
   if (total > 0) states.take(c, state, rs ? total : counts[static_cast<size_t>(me)]);
   Work w;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "collectives/engine/device_pointer.h"
+#include "common/status.h"
 
 namespace thc::engine {
 namespace {
@@ -53,6 +54,20 @@ bool driver_says_device(const void* p) { return thc_cuda_is_device_pointer(p) !=
 bool is_device_buffer(const void* p) {
   if (DeviceBackend* b = device_backend(false)) return b->is_device(p);
   return driver_says_device(p);
+}
+
+DeviceBackend* backend_for(const void* p) {
+  if (!p) return nullptr;
+  DeviceBackend* b = device_backend(false);
+  if (!b) {
+    if (!driver_says_device(p)) return nullptr;
+    b = device_backend(true);
+    if (!b)
+      fail(Status::kUnsupported,
+           "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded: " +
+               device_backend_load_error());
+  }
+  return b->is_device(p) ? b : nullptr;
 }
 
 }  // namespace thc::engine

@@ -8,14 +8,63 @@
 // pointer) gets libthc_cuda loaded on first use, from libthc's own directory, then its soname.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "collectives/codec/codec.h"
+#include "collectives/engine/dtype.h"
 
 namespace thc::engine {
 
 class Engine;
 struct CallPlan;
 struct ErrorFeedback;
+
+// The device side of one call on several tensors (groups, reduce-scatter, allgather: the engine's
+// stream path, stream.cc). The engine keeps the call's plan, chunks and backend operations; for
+// each tensor in device memory it asks this for the block statistics, a run's codes (copied to
+// host memory for the backend) and the decode of a run's sums (from host memory) into the
+// tensor's buffer, so only codes and sums cross PCIe, as on the single allreduce's device path.
+// Tensors (layout lay, statistics from global block g0) are addressed from their first element:
+// x, res and out point at element 0, b0 is the tensor's block. The work is ordered on one CUDA
+// stream; every host buffer passed in may be reused when the call returns, and sync() waits for
+// the device writes. Throws thc::Error.
+class DeviceStream {
+ public:
+  virtual ~DeviceStream() = default;
+  // The device residual of ef, `count` floats zeroed on first use.
+  virtual float* residual(ErrorFeedback& ef, uint64_t count) = 0;
+  // The statistics of every block of lay of x (+ res) into stats (host, lay.nblocks floats);
+  // false if an element is not finite.
+  virtual bool prelude(const codec::Codec& cod, const codec::Layout& lay, const void* x, DType t, const float* res,
+                       float* stats) = 0;
+  // The buffers of a call of nb blocks in runs of up to max_wire wire elements and max_elems
+  // elements (keep_x: room for the kept inputs of two slots), before its first exchange.
+  virtual void reserve(uint64_t nb, uint64_t max_wire, uint64_t max_elems, bool keep_x) = 0;
+  // The call's global statistics (host, nb floats), after the first exchange.
+  virtual void set_stats(const float* stats, uint64_t nb) = 0;
+  // The codes of blocks [b0, b0 + nblk) of x (+ res, which receives the new residual) into host
+  // memory: packed indices, or values of the sum type. keep_slot >= 0: x + res of the run is kept
+  // at element xoff of that slot's buffer (a rank the aggregate may leave out restores it).
+  virtual void encode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
+                      const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, void* out,
+                      int keep_slot, uint64_t xoff) = 0;
+  // Sums (host, at the first wire element of b0) of `contributors` ranks decoded into out (type
+  // ot). as_mean: their mean; scale != 1: that mean times scale (partial aggregation's SUM).
+  virtual void decode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
+                      const void* sums, const codec::CallRng& rng, int contributors, bool as_mean, float scale,
+                      void* out, DType ot) = 0;
+  // res[0..m) = the kept x of slot at element xoff (left out of the aggregate).
+  virtual void restore(int slot, uint64_t xoff, float* res, uint64_t m) = 0;
+  // res[0..m) += x[0..m) (a contribution never encoded stays in the residual).
+  virtual void add_into(const void* x, DType t, float* res, uint64_t m) = 0;
+  // Device memory of `bytes` that lives as long as this object.
+  virtual void* scratch(size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void sync() = 0;
+};
 
 // One engine's device-side state (device codecs, workspace, pinned staging, streams).
 class DeviceSession {
@@ -26,6 +75,9 @@ class DeviceSession {
   // must be complete (as for a CUDA-aware MPI); work on the legacy default stream is ordered.
   virtual void allreduce(Engine& engine, const CallPlan& plan, const void* send, void* recv,
                          ErrorFeedback* ef) = 0;
+  // The device side of a call on several tensors whose device buffers are `ptrs` (all on one
+  // device, else kInvalidArgument).
+  virtual std::unique_ptr<DeviceStream> stream(const std::vector<const void*>& ptrs) = 0;
 };
 
 class DeviceBackend {
@@ -49,5 +101,8 @@ std::string device_backend_load_error();
 bool driver_says_device(const void* p);
 // The registered backend's answer, else the driver's.
 bool is_device_buffer(const void* p);
+// The backend that takes p if p is device memory, else nullptr (also for nullptr). A process
+// whose CUDA driver calls p device memory gets libthc_cuda loaded (kUnsupported if it cannot be).
+DeviceBackend* backend_for(const void* p);
 
 }  // namespace thc::engine

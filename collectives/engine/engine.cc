@@ -361,22 +361,10 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     if (!send || send == THC_IN_PLACE) send = recv;
     // Device buffers: the registered backend (libthc_cuda, or an emulator in tests) decides; a
     // process without one is asked through its CUDA driver, and libthc_cuda is loaded on demand.
-    dev = device_backend(false);
-    if (dev) {
-      on_device = dev->is_device(recv);
-      if (dev->is_device(send) != on_device)
-        fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
-    } else {
-      on_device = driver_says_device(recv) || driver_says_device(send);
-      if (on_device) {
-        dev = device_backend(true);
-        if (!dev)
-          fail(Status::kUnsupported, "device buffers need libthc_cuda (the CUDA build of thc), which could not be loaded: " +
-                                         device_backend_load_error());
-        if (dev->is_device(send) != dev->is_device(recv))
-          fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
-      }
-    }
+    dev = backend_for(recv);
+    on_device = dev != nullptr;
+    if ((backend_for(send) != nullptr) != on_device)
+      fail(Status::kInvalidArgument, "sendbuf and recvbuf must both be host memory or both device memory");
     if (ef && ef->count != 0) {
       if (ef->count != count)
         fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +

@@ -20,6 +20,11 @@
 // slice) rather than the whole chunk going to one owner. Allgather: rank q alone encodes shard q
 // (the other ranks' statistics for it are 0 under the MAX), the chunks' packed codes are gathered
 // and every rank looks up and decodes every shard with one contributor.
+//
+// Tensors in device memory (each tensor's send and recv on one side; a call may mix) go through
+// the device codec (DeviceStream, libthc_cuda): statistics, encode and decode run on the GPU and
+// only a run's codes and sums cross to and from the chunk's host buffers, so chunks, exchanges
+// and results are those of the same call on host buffers.
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -47,8 +52,9 @@ struct Engine::Stream {
     DType out_dtype = DType::kF32;  // of recv
     ErrorFeedback* ef = nullptr;    // the state to bind (count ef_count), and the residual below
     uint64_t ef_count = 0;
-    float* res = nullptr;           // the tensor's residual (set once bound)
-    uint64_t res_off = 0;           // its offset in ef->residual
+    float* res = nullptr;           // the tensor's residual (set once bound; device memory if dev)
+    uint64_t res_off = 0;           // its offset in the residual
+    bool dev = false;               // send and recv are device memory (the device codec's)
     codec::Layout lay;
     codec::CallRng rng;
     uint64_t g0 = 0;  // first global block
@@ -156,22 +162,43 @@ void Engine::run_stream(Stream& st) {
   CallPlan plan;
   const codec::Codec* codp = nullptr;
   bool pad_blocks = false;
+  std::unique_ptr<DeviceStream> ds;
   try {
     if (!st.bad.empty()) fail(st.bad_status, st.bad);
     if (st.kind == Kind::kAllgather && reducer_->partial_results())
       fail(Status::kUnsupported, "allgather on a backend with partial aggregation (THC_QUORUM): a missing rank's shard "
                                  "would be lost");
+    // Tensors in device memory are encoded and decoded by the device codec where they live
+    // (DeviceStream); only their codes and sums pass through host memory.
+    std::vector<const void*> dev_ptrs;
+    DeviceBackend* backend = nullptr;
     for (size_t i = 0; i < st.segs.size(); ++i) {
-      const Seg& s = st.segs[i];
+      Seg& s = st.segs[i];
       if (s.count == 0) continue;
-      if ((s.send && is_device_buffer(s.send)) || (s.recv && is_device_buffer(s.recv)))
-        fail(Status::kUnsupported, "device buffers in a group, reduce-scatter or allgather: these take host memory "
-                                   "(single allreduces take device buffers)");
+      DeviceBackend* bs = backend_for(s.send);
+      DeviceBackend* br = backend_for(s.recv);
+      if (s.send && s.recv && (bs != nullptr) != (br != nullptr))
+        fail(Status::kInvalidArgument, "tensor " + std::to_string(i) +
+                                           ": sendbuf and recvbuf must both be host memory or both device memory");
+      s.dev = bs || br;
+      if (s.dev) {
+        backend = bs ? bs : br;
+        for (const void* p : {s.send, static_cast<const void*>(s.recv)})
+          if (p) dev_ptrs.push_back(p);
+        if (s.dtype == DType::kF64)
+          fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
+      }
       if (s.ef && s.ef->count != 0 && s.ef->count != s.ef_count)
         fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(s.ef->count) +
                                            ", used with count " + std::to_string(s.ef_count));
-      if (s.ef && s.ef->device)
-        fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
+      if (s.ef && s.ef->count != 0 && (s.ef->device != nullptr) != s.dev)
+        fail(Status::kInvalidArgument, std::string("error-feedback state was bound to ") +
+                                           (s.ef->device ? "device" : "host") + " buffers, used with " +
+                                           (s.dev ? "device" : "host") + " buffers");
+    }
+    if (backend) {
+      if (!device_) device_ = backend->open();
+      ds = device_->stream(dev_ptrs);
     }
     plan = this->plan(st.scheme, total, st.segs.empty() ? DType::kF32 : st.segs[0].dtype, st.mean);
     codp = plan.cod;
@@ -190,17 +217,103 @@ void Engine::run_stream(Stream& st) {
   const codec::Codec& cod = *codp;
   const uint64_t B = cod.block();
 
-  // Layouts, global block numbers, residuals, then the statistics: what fails here (host memory)
-  // fails before the first exchange too, under the same rule.
+  // Layouts and global block numbers.
   uint64_t nb = 0;
+  for (Seg& s : st.segs) {
+    s.lay = cod.layout(s.count);
+    s.g0 = nb;
+    nb += s.lay.nblocks;
+  }
+  plan.lay.nblocks = nb;
+
+  // ---- chunks: runs of whole blocks of one tensor each.
+  struct Run {
+    size_t seg = 0;
+    uint64_t b0 = 0, nblk = 0;  // the tensor's blocks
+    uint64_t woff = 0;          // first wire element in the chunk (multiple of 8)
+    uint64_t xoff = 0;          // first element in the chunk's float buffer
+    uint64_t elems = 0;
+  };
+  struct Chunk {
+    std::vector<Run> runs;
+    uint64_t wire = 0, elems = 0;
+    std::vector<uint64_t> bounds;  // reduce-scatter / allgather: rank q's wire elements [q, q+1)
+  };
+  auto block_wire = [&](const Seg& s, uint64_t b) { return pad_blocks ? B : s.lay.wire(b); };
+  auto add_block = [&](Chunk& c, size_t si, uint64_t b) {
+    const Seg& s = st.segs[si];
+    if (c.runs.empty() || c.runs.back().seg != si) {
+      Run r;
+      r.seg = si;
+      r.b0 = b;
+      r.woff = c.wire = align8(c.wire);
+      r.xoff = c.elems;
+      c.runs.push_back(r);
+    }
+    Run& r = c.runs.back();
+    r.nblk++;
+    r.elems += s.lay.elems(b);
+    c.wire += block_wire(s, b);
+    c.elems += s.lay.elems(b);
+  };
+  const uint64_t cap = plan.chunk_blocks * B;
+  std::vector<Chunk> chunks;
+  uint64_t max_wire = 0, max_elems = 0;
+  // A rank the aggregate may leave out keeps the input x + e of its chunks in flight.
+  const bool keep_x = reducer_->partial_results();
+
+  // The chunks, residuals, device buffers, then the statistics: what fails here (host or device
+  // memory, a CUDA error) fails before the first exchange too, under the same rule.
   std::vector<uint32_t> pre;
   bool finite = true;
   try {
+    if (st.kind == Kind::kAllreduce) {
+      Chunk c;
+      for (size_t si = 0; si < st.segs.size(); ++si) {
+        const Seg& s = st.segs[si];
+        for (uint64_t b = 0; b < s.lay.nblocks; ++b) {
+          if (!c.runs.empty() && align8(c.wire) + block_wire(s, b) > cap) {
+            c.wire = align8(c.wire);
+            chunks.push_back(std::move(c));
+            c = Chunk{};
+          }
+          add_block(c, si, b);
+        }
+      }
+      c.wire = align8(c.wire);
+      if (!c.runs.empty()) chunks.push_back(std::move(c));
+    } else {
+      uint64_t total_wire = 0;
+      for (const Seg& s : st.segs)
+        for (uint64_t b = 0; b < s.lay.nblocks; ++b) total_wire += block_wire(s, b);
+      const uint64_t nchunks = std::max<uint64_t>(1, (total_wire + cap - 1) / cap);
+      for (uint64_t k = 0; k < nchunks; ++k) {
+        Chunk c;
+        c.bounds.assign(static_cast<size_t>(n) + 1, 0);
+        for (int q = 0; q < n; ++q) {
+          c.wire = align8(c.wire);
+          c.bounds[q] = c.wire;
+          const Seg& s = st.segs[q];
+          const uint64_t lo = s.lay.nblocks * k / nchunks, hi = s.lay.nblocks * (k + 1) / nchunks;
+          for (uint64_t b = lo; b < hi; ++b) add_block(c, static_cast<size_t>(q), b);
+        }
+        c.wire = align8(c.wire);
+        c.bounds[n] = c.wire;
+        if (!c.runs.empty()) chunks.push_back(std::move(c));
+      }
+    }
+
+    for (const Chunk& c : chunks) {
+      max_wire = std::max(max_wire, c.wire);
+      max_elems = std::max(max_elems, c.elems);
+    }
+    bool dev_keep = false;
     for (Seg& s : st.segs) {
-      s.lay = cod.layout(s.count);
-      s.g0 = nb;
-      nb += s.lay.nblocks;
-      if (s.ef && s.count) {
+      if (!s.ef || !s.count) continue;
+      if (s.dev) {
+        s.res = ds->residual(*s.ef, s.ef_count) + s.res_off;
+        dev_keep |= keep_x && s.send;
+      } else {
         if (s.ef->count == 0) {
           s.ef->count = s.ef_count;
           s.ef->residual.assign(s.ef_count, 0.0f);
@@ -208,7 +321,7 @@ void Engine::run_stream(Stream& st) {
         s.res = s.ef->residual.data() + s.res_off;
       }
     }
-    plan.lay.nblocks = nb;
+    if (ds) ds->reserve(nb, max_wire, max_elems, dev_keep);
 
     // ---- prelude: every block statistic of the tensors this rank contributes to, one exchange.
     pre.assign(nb + kPreludeCheck, 0);
@@ -217,6 +330,12 @@ void Engine::run_stream(Stream& st) {
       std::vector<float> stv;
       for (const Seg& s : st.segs) {
         if (!s.send || s.count == 0) continue;
+        if (s.dev) {
+          stv.resize(s.lay.nblocks);
+          finite &= ds->prelude(cod, s.lay, s.send, s.dtype, s.res, stv.data());
+          for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + i], &stv[i], 4);
+          continue;
+        }
         const bool direct = s.dtype == DType::kF32 && !s.res;
         for (uint64_t b0 = 0; b0 < s.lay.nblocks; b0 += plan.chunk_blocks) {
           const uint64_t first = b0 * B;
@@ -257,85 +376,13 @@ void Engine::run_stream(Stream& st) {
   }
   std::vector<float> stats(nb);
   for (uint64_t b = 0; b < nb; ++b) std::memcpy(&stats[b], &pre[b], 4);
-
-  // ---- chunks: runs of whole blocks of one tensor each.
-  struct Run {
-    size_t seg = 0;
-    uint64_t b0 = 0, nblk = 0;  // the tensor's blocks
-    uint64_t woff = 0;          // first wire element in the chunk (multiple of 8)
-    uint64_t xoff = 0;          // first element in the chunk's float buffer
-    uint64_t elems = 0;
-  };
-  struct Chunk {
-    std::vector<Run> runs;
-    uint64_t wire = 0, elems = 0;
-    std::vector<uint64_t> bounds;  // reduce-scatter / allgather: rank q's wire elements [q, q+1)
-  };
-  auto block_wire = [&](const Seg& s, uint64_t b) { return pad_blocks ? B : s.lay.wire(b); };
-  auto add_block = [&](Chunk& c, size_t si, uint64_t b) {
-    const Seg& s = st.segs[si];
-    if (c.runs.empty() || c.runs.back().seg != si) {
-      Run r;
-      r.seg = si;
-      r.b0 = b;
-      r.woff = c.wire = align8(c.wire);
-      r.xoff = c.elems;
-      c.runs.push_back(r);
-    }
-    Run& r = c.runs.back();
-    r.nblk++;
-    r.elems += s.lay.elems(b);
-    c.wire += block_wire(s, b);
-    c.elems += s.lay.elems(b);
-  };
-  const uint64_t cap = plan.chunk_blocks * B;
-  std::vector<Chunk> chunks;
-  if (st.kind == Kind::kAllreduce) {
-    Chunk c;
-    for (size_t si = 0; si < st.segs.size(); ++si) {
-      const Seg& s = st.segs[si];
-      for (uint64_t b = 0; b < s.lay.nblocks; ++b) {
-        if (!c.runs.empty() && align8(c.wire) + block_wire(s, b) > cap) {
-          c.wire = align8(c.wire);
-          chunks.push_back(std::move(c));
-          c = Chunk{};
-        }
-        add_block(c, si, b);
-      }
-    }
-    c.wire = align8(c.wire);
-    if (!c.runs.empty()) chunks.push_back(std::move(c));
-  } else {
-    uint64_t total_wire = 0;
-    for (const Seg& s : st.segs)
-      for (uint64_t b = 0; b < s.lay.nblocks; ++b) total_wire += block_wire(s, b);
-    const uint64_t nchunks = std::max<uint64_t>(1, (total_wire + cap - 1) / cap);
-    for (uint64_t k = 0; k < nchunks; ++k) {
-      Chunk c;
-      c.bounds.assign(static_cast<size_t>(n) + 1, 0);
-      for (int q = 0; q < n; ++q) {
-        c.wire = align8(c.wire);
-        c.bounds[q] = c.wire;
-        const Seg& s = st.segs[q];
-        const uint64_t lo = s.lay.nblocks * k / nchunks, hi = s.lay.nblocks * (k + 1) / nchunks;
-        for (uint64_t b = lo; b < hi; ++b) add_block(c, static_cast<size_t>(q), b);
-      }
-      c.wire = align8(c.wire);
-      c.bounds[n] = c.wire;
-      if (!c.runs.empty()) chunks.push_back(std::move(c));
-    }
-  }
+  if (ds) ds->set_stats(stats.data(), nb);
 
   const Algo algo = plan.algo;
   const bool packed_form = st.kind == Kind::kAllgather || algo == Algo::kPs;
   const int bits = cod.index_bits();
   const size_t wsz = codec::int_size(cod.sum_type());
   reducer_->set_part_granule(B);
-  uint64_t max_wire = 0, max_elems = 0;
-  for (const Chunk& c : chunks) {
-    max_wire = std::max(max_wire, c.wire);
-    max_elems = std::max(max_elems, c.elems);
-  }
   // An allreduce through the colocated PS decodes its sums where the transport gathered them
   // (lent), and encodes its indices into a buffer the transport takes over (adopted), where the
   // transport offers that: neither is copied (as in allreduce_host).
@@ -356,6 +403,7 @@ void Engine::run_stream(Stream& st) {
   // and buffers never touched are not allocated (zero-filling them costs page faults per call).
   bool stage_in = false, stage_out = false;
   for (const Seg& sg : st.segs) {
+    if (sg.dev) continue;  // (the device codec reads and writes its buffers itself)
     if (sg.send && sg.count && (sg.dtype != DType::kF32 || sg.res)) stage_in = true;
     if (sg.recv && sg.count && sg.out_dtype != DType::kF32) stage_out = true;
   }
@@ -371,6 +419,7 @@ void Engine::run_stream(Stream& st) {
   // A reduce-scatter in place writes its shard at the front of recv, over input that later chunks
   // still encode for other shards: then the shard is decoded aside and stored at the end.
   std::vector<float> staged_out;
+  void* staged_dev = nullptr;  // the same on the device, in the shard's own type
   void* staged_to = nullptr;
   DType staged_dtype = DType::kF32;
   if (st.kind == Kind::kReduceScatter && st.segs[static_cast<size_t>(me)].recv &&
@@ -385,7 +434,12 @@ void Engine::run_stream(Stream& st) {
       const char* z = a + o.count * dtype_size(o.dtype);
       if (a < hi && lo < z) overlap = true;
     }
-    if (overlap) {
+    if (overlap && s.dev) {
+      staged_to = s.recv;
+      staged_dtype = s.out_dtype;
+      staged_dev = ds->scratch(s.count * dtype_size(s.out_dtype));
+      s.recv = staged_dev;
+    } else if (overlap) {
       staged_out.resize(s.count);
       staged_to = s.recv;
       staged_dtype = s.out_dtype;
@@ -408,6 +462,8 @@ void Engine::run_stream(Stream& st) {
   };
 
   auto finish = [&](Slot& s, Slot* drive) {
+    const int si = static_cast<int>(&s - slots);
+    bool decoded_on_device = false;
     s.req->wait();
     const Chunk& c = chunks[s.ci];
     const std::vector<transport::Request::Part> parts = s.req->parts();
@@ -442,6 +498,19 @@ void Engine::run_stream(Stream& st) {
         } else {
           sums = sums0 + woff * wsz;
         }
+        if (sg.dev) {
+          // As below, on the device: partial aggregation's SUM is the counted workers' mean times n.
+          const bool ag = st.kind == Kind::kAllgather;
+          const bool as_mean = !ag && (st.mean || ct.contributors != n);
+          const float scale = !ag && !st.mean && ct.contributors != n ? static_cast<float>(n) : 1.0f;
+          ds->decode(cod, sg.lay, sg.g0, b, g, sums, sg.rng, ag ? 1 : ct.contributors, as_mean, scale, sg.recv,
+                     sg.out_dtype);
+          if (ag) ds->sync();  // vals is written again for the next group
+          if (!ag && sg.res && !ct.self_counted) ds->restore(si, r.xoff + (first - r.b0 * B), sg.res + first, m);
+          decoded_on_device = true;
+          if (drive && drive->req) drive->req->test();
+          continue;
+        }
         const bool direct = sg.out_dtype == DType::kF32;
         float* dst = direct ? static_cast<float*>(sg.recv) + first : obuf.data();
         if (st.kind == Kind::kAllgather) {
@@ -459,6 +528,7 @@ void Engine::run_stream(Stream& st) {
         if (drive && drive->req) drive->req->test();
       }
     }
+    if (decoded_on_device) ds->sync();  // the sums' host memory is the slot's (or the transport's)
     s.req.reset();
   };
 
@@ -475,6 +545,15 @@ void Engine::run_stream(Stream& st) {
         Seg& sg = st.segs[r.seg];
         if (!sg.res || !sg.send) continue;
         const uint64_t first = r.b0 * B;
+        if (sg.dev) {
+          if (held) {
+            ds->restore(static_cast<int>(held - slots), r.xoff, sg.res + first, r.elems);
+          } else {
+            ds->add_into(static_cast<const char*>(sg.send) + first * dtype_size(sg.dtype), sg.dtype, sg.res + first,
+                         r.elems);
+          }
+          continue;
+        }
         if (held) {
           std::memcpy(sg.res + first, held->x.data() + r.xoff, r.elems * sizeof(float));
         } else {
@@ -484,6 +563,7 @@ void Engine::run_stream(Stream& st) {
         }
       }
     }
+    if (ds) ds->sync();
   };
 
   uint64_t wire_total = 0, wire_own = 0;
@@ -502,6 +582,17 @@ void Engine::run_stream(Stream& st) {
       for (const Run& r : c.runs) {
         Seg& sg = st.segs[r.seg];
         if (!sg.send) continue;
+        uint64_t w = 0;
+        for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
+        wire_own += w;
+        if (sg.dev) {
+          void* out = packed_form ? static_cast<void*>(s.packed.data() + r.woff * bits / 8)
+                                  : static_cast<void*>(s.sums.data() + r.woff * wsz);
+          ds->encode(cod, sg.lay, sg.g0, r.b0, r.nblk, sg.send, sg.dtype, sg.res, sg.rng, packed_form, out,
+                     keep_x && sg.res ? cur : -1, r.xoff);
+          if (pending) pending->req->test();
+          continue;
+        }
         const uint64_t first = r.b0 * B;
         const bool direct = sg.dtype == DType::kF32 && !sg.res;
         const float* xin = direct ? static_cast<const float*>(sg.send) + first : s.x.data() + r.xoff;
@@ -516,9 +607,6 @@ void Engine::run_stream(Stream& st) {
         host_->encode(cod, sg.lay, r.b0, r.nblk, xin, stats.data() + sg.g0 + r.b0, sg.rng, out, [&] {
           if (pending) pending->req->test();
         });
-        uint64_t w = 0;
-        for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
-        wire_own += w;
       }
       wire_total += c.wire;
       encoded_to = ci + 1;
@@ -559,7 +647,12 @@ void Engine::run_stream(Stream& st) {
     }
     throw;
   }
-  if (staged_to) store_from_float(staged_out.data(), staged_out.size(), staged_dtype, staged_to, 0);
+  if (staged_dev) {
+    ds->copy(staged_to, staged_dev, st.segs[static_cast<size_t>(me)].count * dtype_size(staged_dtype));
+  } else if (staged_to) {
+    store_from_float(staged_out.data(), staged_out.size(), staged_dtype, staged_to, 0);
+  }
+  if (ds) ds->sync();
 
   // Statistics: as `calls` calls of `total` elements.
   transport::Reducer::WireCounters wc;

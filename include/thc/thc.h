@@ -229,8 +229,8 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
  *   it (MPI cannot cancel collectives either).
  * - thc_comm_destroy first waits for the calls in flight on the communicator (each bounded by
  *   THC_TIMEOUT_MS); their requests stay valid until completed or freed.
- * - Fusion: nonblocking allreduces of host buffers with the same scheme and op, started back to
- *   back, are fused into one compressed stream (as thc_iallreduce_group) of at most
+ * - Fusion: nonblocking allreduces (host or device buffers) with the same scheme and op, started
+ *   back to back, are fused into one compressed stream (as thc_iallreduce_group) of at most
  *   THC_FUSION_BYTES input bytes; the progress thread waits up to THC_FUSION_CYCLE_MS for more
  *   (Horovod's fusion threshold and cycle time), no longer once a request of the group is waited
  *   on. The ranks agree on each group's members (the calls every rank has started), so fusion
@@ -240,9 +240,11 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
  *   MPI_THREAD_MULTIPLE; at a lower thread level nonblocking calls run to completion before the
  *   start call returns (correct results, no overlap; their requests still complete as usual).
  *   In-process and aggregator communicators always have the progress thread.
- * - Device buffers (CUDA) work in thc_iallreduce as in thc_allreduce (writes to sendbuf on other
- *   streams must be complete before the start call); groups, reduce-scatter and allgather take
- *   host memory.
+ * - Device buffers (CUDA) work in every call here as in thc_allreduce (writes to sendbuf on other
+ *   streams must be complete before the start call): the device codec encodes and decodes them,
+ *   only codes and sums pass through host memory. A group may mix host and device tensors (each
+ *   tensor's sendbuf and recvbuf on one side). On a hierarchical MPI communicator (THC_HIER),
+ *   reduce-scatter and allgather take host memory (THC_ERR_UNSUPPORTED).
  */
 typedef struct thc_request_s* thc_request_t;
 #define THC_REQUEST_NULL ((thc_request_t)0)

@@ -526,11 +526,6 @@ void same_count(const Operands& o) {
           "out has " + std::to_string(o.dst.count) + " elements, x has " + std::to_string(o.src.count), "array");
 }
 
-void host_only(const Array& a, const char* what) {
-  if (on_device(a))
-    raise(THC_ERR_UNSUPPORTED, std::string(what) + " takes host memory (device arrays: allreduce and iallreduce)");
-}
-
 thc_state_t state_of(nb::handle st) { return st.is_none() ? nullptr : nb::cast<State&>(st).s; }
 
 // A blocking call: GIL released; calls started before it have ended once it returns.
@@ -606,7 +601,6 @@ Group group_operands(const nb::list& xs, const OptList& outs, const OptList& sta
     const nb::object out = outs ? nb::object((*outs)[i]) : nb::none();
     const Operands o = operands(xs[i], out, bf16[i], hold);
     same_count(o);
-    host_only(o.src, "a group");
     thc_tensor_t t{};
     t.sendbuf = o.in_place ? THC_IN_PLACE : o.src.data;
     t.recvbuf = o.dst.data;
@@ -676,7 +670,6 @@ Shards shard_operands(nb::handle comm, nb::handle x, nb::handle out, const std::
   if (s.o.dst.count != want_dst)
     raise(THC_ERR_INVALID_ARG,
           "out has " + std::to_string(s.o.dst.count) + " elements, counts say " + std::to_string(want_dst), "array");
-  host_only(s.o.src, scatter ? "reduce_scatter" : "allgather");
   return s;
 }
 

@@ -78,6 +78,60 @@ def test_cuda_tensor_through_dlpack():
     assert float((res[0].double() - exact).norm() / exact.norm()) < 0.3
 
 
+def test_cuda_group_reduce_scatter_and_allgather_give_the_cpu_bits():
+    """Groups and shards of CUDA tensors run the device codec; the results are the CPU call's
+    (the kernels are bit-identical to the host codec; dyadic values make both preludes exact)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch")
+    if not thc._thc.HAVE_CUDA:
+        pytest.skip("libthc was built without CUDA")
+
+    def dyadic(n, seed):
+        return torch.randint(-128, 129, (n,), generator=torch.Generator().manual_seed(seed)).float() / 64
+
+    def rank(r, device):
+        with thc.Comm.inproc(g, r, seed=3) as c:
+            xs = [dyadic(5000, 10 * r).to(device), dyadic(70000, 10 * r + 1).half().to(device)]
+            c.allreduce_group(xs)
+            whole = dyadic(9001, 10 * r + 2).to(device)
+            shard = c.reduce_scatter(whole)
+            gathered = c.allgather(dyadic(3000, 10 * r + 3).to(device))
+            return [t.cpu() for t in xs + [shard, gathered]]
+
+    for dev in ("cpu", "cuda"):
+        g = thc.InprocGroup(2)
+        got = values(run_ranks(2, lambda r: rank(r, dev)))
+        if dev == "cpu":
+            want = got
+        else:
+            for r in range(2):
+                for a, b in zip(want[r], got[r]):
+                    assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_shards_of_a_torch_tensor_allocate_a_torch_out():
+    g = thc.InprocGroup(2)
+
+    xs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    ys = [torch.randn(700, generator=torch.Generator().manual_seed(10 + r)) for r in range(2)]
+
+    def rank(r):
+        with thc.Comm.inproc(g, r, seed=3) as c:
+            return c.reduce_scatter(xs[r]), c.allgather(ys[r])
+
+    def rel(got, want):
+        return float((got.double() - want.double()).norm() / want.double().norm())
+
+    res = values(run_ranks(2, rank))
+    whole = xs[0] + xs[1]
+    for r in range(2):
+        shard, gathered = res[r]
+        assert isinstance(shard, torch.Tensor) and shard.shape == (501 - r,)
+        assert isinstance(gathered, torch.Tensor) and gathered.shape == (1400,)
+        assert rel(shard, whole[501 * r:501 * r + 501 - r]) < 0.3
+        assert rel(gathered, torch.cat(ys)) < 0.3
+
+
 def test_hook_state_checks():
     import thc.torch as tt
 

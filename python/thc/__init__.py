@@ -397,9 +397,10 @@ class Comm:
     def allreduce_group(self, xs: Sequence[Any], outs: Optional[Sequence[Any]] = None, *,
                         op: Union[str, int] = "sum", scheme: Union[str, int] = "thc",
                         states: Optional[Sequence[Optional[State]]] = None) -> List[Any]:
-        """Several host tensors compressed as one stream (one prelude, one pipeline; each tensor
-        keeps its own blocks and error feedback): what a DDP bucket or Horovod's fusion buffer
-        does, without copying. outs=None: in place. Returns the list of results."""
+        """Several tensors compressed as one stream (one prelude, one pipeline; each tensor keeps
+        its own blocks and error feedback): what a DDP bucket or Horovod's fusion buffer does,
+        without copying. Host and CUDA arrays, also mixed (CUDA ones: libthc_cuda's codec, only
+        codes cross to the host). outs=None: in place. Returns the list of results."""
         xl, ol, flags = self._group(xs, outs)
         _thc.allreduce_group(self._c, xl, ol, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"),
                              None if states is None else list(states), flags)
@@ -421,8 +422,9 @@ class Comm:
         ``out`` receives elements [sum(counts[:r]), +counts[r]) of the (compressed) sum or mean.
 
         counts: elements per rank, the same on every rank; None splits x as evenly as
-        numpy.array_split. out=None allocates a NumPy array (x a NumPy array). Host memory.
-        state: error feedback of the whole input x.
+        numpy.array_split. out=None allocates an array like x (NumPy, or a torch tensor on x's
+        device). Host and CUDA arrays (x and out on the same side). state: error feedback of the
+        whole input x.
         """
         xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=True)
         _thc.reduce_scatter(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"), _lookup(OPS, op, "op"),
@@ -444,8 +446,9 @@ class Comm:
         rank r's x (counts[r] elements) is encoded once, and every rank's ``out`` receives all
         sum(counts) decoded elements, rank r's at offset sum(counts[:r]), identical on every rank.
 
-        counts: None means every rank's x has x's size. out=None allocates a NumPy array (x a
-        NumPy array). Host memory. state: error feedback of this rank's x.
+        counts: None means every rank's x has x's size. out=None allocates an array like x
+        (NumPy, or a torch tensor on x's device). Host and CUDA arrays (x and out on the same
+        side). state: error feedback of this rank's x.
         """
         xv, ov, bf16, counts, res = self._shards(x, out, counts, scatter=False)
         _thc.allgather(self._c, xv, ov, counts, _lookup(SCHEMES, scheme, "scheme"), state, bf16)
@@ -487,9 +490,13 @@ class Comm:
         if any(c < 0 for c in counts):
             raise InvalidArgumentError("counts must not be negative", Status.INVALID_ARG)
         if out is None:
-            if not isinstance(x, np.ndarray):
-                raise ArrayError("out=None allocates a NumPy array: pass out= for other arrays", Status.INVALID_ARG)
             want = counts[self.rank] if scatter else sum(counts)
-            out = np.empty(want, x.dtype)
+            if isinstance(x, np.ndarray):
+                out = np.empty(want, x.dtype)
+            elif hasattr(x, "new_empty"):  # a torch tensor: out on its device
+                out = x.new_empty(want)
+            else:
+                raise ArrayError("out=None allocates a NumPy array or a torch tensor: pass out= for other arrays",
+                                 Status.INVALID_ARG)
         xv, ov, bf16 = _bf16_views(x, out)
         return xv, ov, bf16, counts, out

@@ -58,10 +58,13 @@ thc_config_t config(int algo) {
 }
 
 // A backend whose aggregates leave `left_out` uncounted (as a quorum aggregator may): the sums
-// are the inner backend's, the engine is told they hold n-1 contributions, without left_out.
+// are the inner backend's, the engine is told they hold n-1 contributions, without left_out
+// (left_out < 0: all n). Operation number `left_behind_at` (from 0) ends in kLeftBehind, as when
+// the job went on without this rank.
 class PartialReducer final : public Reducer {
  public:
-  PartialReducer(std::unique_ptr<Reducer> inner, int left_out) : inner_(std::move(inner)), left_out_(left_out) {}
+  PartialReducer(std::unique_ptr<Reducer> inner, int left_out, int left_behind_at = -1)
+      : inner_(std::move(inner)), left_out_(left_out), left_behind_at_(left_behind_at) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return "partial(" + inner_->name() + ")"; }
@@ -80,33 +83,42 @@ class PartialReducer final : public Reducer {
  private:
   class Req final : public Request {
    public:
-    Req(std::unique_ptr<Request> r, int n, bool counted) : r_(std::move(r)), n_(n), counted_(counted) {}
+    Req(std::unique_ptr<Request> r, int contributors, bool counted, bool behind)
+        : r_(std::move(r)), contributors_(contributors), counted_(counted), behind_(behind) {}
     bool test() override { return r_->test(); }
-    void wait() override { r_->wait(); }
-    int contributors() const override { return n_ - 1; }
+    void wait() override {
+      r_->wait();
+      if (behind_) thc::fail(thc::Status::kLeftBehind, "the job went on without this rank");
+    }
+    int contributors() const override { return contributors_; }
     bool self_counted() const override { return counted_; }
 
    private:
     std::unique_ptr<Request> r_;
-    int n_;
+    int contributors_;
     bool counted_;
+    bool behind_;
   };
   std::unique_ptr<Request> wrap(std::unique_ptr<Request> r) {
-    return std::make_unique<Req>(std::move(r), size(), rank() != left_out_);
+    return std::make_unique<Req>(std::move(r), left_out_ >= 0 ? size() - 1 : size(), rank() != left_out_,
+                                 ops_++ == left_behind_at_);
   }
   std::unique_ptr<Reducer> inner_;
   int left_out_;
+  int left_behind_at_;
+  int ops_ = 0;
 };
 
 // Run body(rank, engine) on n threads over one in-process group.
 void run_ranks(int n, const thc_config_t& cfg, const std::function<void(int, Engine&)>& body, int left_out = -1,
-               int timeout_ms = 60000) {
+               int timeout_ms = 60000, int left_behind_at = -1) {
   auto group = thc::transport::make_inproc_group(n, timeout_ms);
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r) {
     ts.emplace_back([&, r] {
       std::unique_ptr<Reducer> red = thc::transport::make_inproc_reducer(group, r);
-      if (left_out >= 0) red = std::make_unique<PartialReducer>(std::move(red), left_out);
+      if (left_out >= 0 || left_behind_at >= 0)
+        red = std::make_unique<PartialReducer>(std::move(red), left_out, left_behind_at);
       Engine e(std::move(red), cfg);
       body(r, e);
     });
@@ -597,6 +609,56 @@ TEST_F(DevicePathTest, StreamCallsUnderPartialAggregationMatchHost) {
   }
 }
 
+// A rank told at the end of its second operation that the job went on without it (one rank:
+// nothing waits for it) keeps its whole contribution from there on in the residuals: the kept
+// x + e of the chunks in flight, x added to e for the chunks never encoded. The device residuals
+// are the host ones.
+TEST_F(DevicePathTest, ARankLeftBehindInAStreamCallKeepsItsContributionOnTheDevice) {
+  const thc_config_t cfg = config(THC_ALGO_PS);
+  for (StreamOp op : {StreamOp::kGroup, StreamOp::kReduceScatter}) {
+    std::vector<std::vector<float>> residuals[2];
+    for (int device = 0; device < 2; ++device) {
+      run_ranks(1, cfg, [&](int, Engine& e) {
+        std::vector<ErrorFeedback> fb(kMembers.size());
+        std::vector<std::vector<uint8_t>> host(kMembers.size());
+        std::vector<std::unique_ptr<DevBuf<uint8_t>>> dev(kMembers.size());
+        std::vector<thc::engine::Tensor> ts;
+        for (size_t i = 0; i < kMembers.size(); ++i) {
+          host[i] = as_bytes(dyadic(kMembers[i].count, 31 + static_cast<uint32_t>(i)), kMembers[i].dtype);
+          dev[i] = std::make_unique<DevBuf<uint8_t>>(host[i]);
+          void* p = device ? static_cast<void*>(dev[i]->get()) : host[i].data();
+          ts.push_back({p, p, kMembers[i].count, kMembers[i].dtype, &fb[i]});
+        }
+        thc::Status st = thc::Status::kSuccess;
+        try {
+          if (op == StreamOp::kGroup) {
+            e.allreduce_group(Scheme::kThc, ts.data(), ts.size(), false);
+          } else {
+            // one rank: its shard is the whole vector (member 0, float32)
+            const uint64_t counts[1] = {kMembers[0].count};
+            std::vector<uint8_t> out(kMembers[0].count * 4);
+            DevBuf<uint8_t> dout(out.size());
+            e.reduce_scatter(Scheme::kThc, ts[0].send, device ? static_cast<void*>(dout.get()) : out.data(), counts,
+                             DType::kF32, false, &fb[0]);
+          }
+        } catch (const thc::Error& err) {
+          st = err.status();
+        }
+        EXPECT_EQ(st, thc::Status::kLeftBehind);
+        for (const ErrorFeedback& f : fb) residuals[device].push_back(residual_of(f));
+      }, -1, 60000, 1);
+    }
+    ASSERT_EQ(residuals[0].size(), residuals[1].size());
+    for (size_t i = 0; i < residuals[0].size(); ++i)
+      EXPECT_TRUE(residuals[0][i] == residuals[1][i]) << (op == StreamOp::kGroup ? "group" : "reduce-scatter")
+                                                      << ": residual " << i;
+    // the residual holds more than the first chunk's error: x itself from the second chunk on
+    double e2 = 0;
+    for (float v : residuals[1][0]) e2 += double(v) * v;
+    EXPECT_GT(e2, 10.0);
+  }
+}
+
 TEST_F(DevicePathTest, StreamCallsOnDeviceBuffersRefuseWhatTheyCannotDo) {
   const thc_config_t cfg = config(THC_ALGO_INT);
   std::vector<int> status(2, -1);
@@ -681,6 +743,66 @@ TEST_F(DevicePathTest, NonblockingOnDeviceBuffersMatchesBlockingOnHost) {
     EXPECT_EQ(dev[r], host[r]) << "rank " << r;
     EXPECT_EQ(group_st[r], THC_SUCCESS) << "rank " << r;
   }
+}
+
+// Nonblocking allreduces on device buffers started back to back are fused into one group (the
+// progress thread's fusion), and each returns the bits of its own blocking call on host buffers.
+TEST_F(DevicePathTest, NonblockingDeviceCallsFuseAndGiveTheSeparateCallsBits) {
+  const int n = 3;
+  const std::vector<Member> calls = {{3000, DType::kF32}, {5 * 1024 + 1, DType::kF16}, {700, DType::kF32},
+                                     {2048, DType::kBF16}};
+  thc_config_t cfg = config(THC_ALGO_PS);
+  cfg.fusion_bytes = 1 << 20;
+  cfg.fusion_cycle_ms = 200;  // the four starts land in one cycle
+  std::vector<std::vector<std::vector<uint8_t>>> out[2];
+  std::vector<uint64_t> groups(n, 0);
+  for (int device = 0; device < 2; ++device) {
+    out[device].assign(n, {});
+    thc_inproc_group_t g;
+    ASSERT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        thc_comm_t comm;
+        ASSERT_EQ(thc_comm_create_inproc(g, r, &cfg, &comm), THC_SUCCESS);
+        std::vector<std::vector<uint8_t>> in;
+        std::vector<std::unique_ptr<DevBuf<uint8_t>>> bufs;
+        std::vector<thc_request_t> qs(calls.size(), THC_REQUEST_NULL);
+        for (size_t i = 0; i < calls.size(); ++i) {
+          in.push_back(as_bytes(dyadic(calls[i].count, 300 * r + static_cast<uint32_t>(i)), calls[i].dtype));
+          const thc_dtype_t dt = calls[i].dtype == DType::kF32   ? THC_FLOAT32
+                                 : calls[i].dtype == DType::kF16 ? THC_FLOAT16
+                                                                 : THC_BFLOAT16;
+          if (device) {
+            bufs.push_back(std::make_unique<DevBuf<uint8_t>>(in[i]));
+            EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, bufs[i]->get(), calls[i].count, dt, THC_OP_SUM,
+                                            comm, nullptr, &qs[i]),
+                      THC_SUCCESS);
+          } else {
+            EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, in[i].data(), calls[i].count, dt, THC_OP_SUM,
+                                           comm, nullptr),
+                      THC_SUCCESS);
+          }
+        }
+        for (size_t i = 0; i < calls.size(); ++i) {
+          if (device) {
+            EXPECT_EQ(thc_wait(&qs[i]), THC_SUCCESS) << thc_last_error();
+            out[device][r].push_back(bufs[i]->download());
+          } else {
+            out[device][r].push_back(in[i]);
+          }
+        }
+        thc_stats_t st;
+        ASSERT_EQ(thc_comm_stats(comm, &st), THC_SUCCESS);
+        if (device) groups[r] = st.groups;
+        thc_comm_destroy(comm);
+      });
+    }
+    for (auto& t : ts) t.join();
+    thc_inproc_group_destroy(g);
+  }
+  expect_same(out[0], out[1], "fused device calls");
+  for (int r = 0; r < n; ++r) EXPECT_GE(groups[r], 1u) << "rank " << r << ": no call was fused";
 }
 
 }  // namespace
