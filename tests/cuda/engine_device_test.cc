@@ -360,19 +360,21 @@ TEST_F(DevicePathTest, DeviceFailureBeforeTheFirstExchangeFailsEveryRankAtOnce) 
 }
 #endif
 
+// The status f throws (kSuccess if none).
+thc::Status status_of(const std::function<void()>& f) {
+  try {
+    f();
+    return thc::Status::kSuccess;
+  } catch (const thc::Error& err) {
+    return err.status();
+  }
+}
+
 TEST_F(DevicePathTest, BadArgumentsAreRefused) {
   const thc_config_t cfg = config(THC_ALGO_INT);
   run_ranks(1, cfg, [&](int, Engine& e) {
     DevBuf<float> d(2048);
     std::vector<float> h(2048, 1.0f);
-    auto status_of = [](const std::function<void()>& f) {
-      try {
-        f();
-        return thc::Status::kSuccess;
-      } catch (const thc::Error& err) {
-        return err.status();
-      }
-    };
     EXPECT_EQ(status_of([&] { e.allreduce(Scheme::kThc, d.get(), h.data(), 2048, DType::kF32, false, nullptr); }),
               thc::Status::kInvalidArgument);
     EXPECT_EQ(status_of([&] { e.allreduce(Scheme::kThc, h.data(), d.get(), 2048, DType::kF32, false, nullptr); }),
@@ -663,14 +665,6 @@ TEST_F(DevicePathTest, StreamCallsOnDeviceBuffersRefuseWhatTheyCannotDo) {
   const thc_config_t cfg = config(THC_ALGO_INT);
   std::vector<int> status(2, -1);
   run_ranks(2, cfg, [&](int r, Engine& e) {
-    auto status_of = [](const std::function<void()>& f) {
-      try {
-        f();
-        return thc::Status::kSuccess;
-      } catch (const thc::Error& err) {
-        return err.status();
-      }
-    };
     // float64 device tensors: the GPU codec takes float32, float16 and bfloat16 (on every rank)
     DevBuf<double> d64(1000);
     std::vector<double> h64(1000, 1.0);
@@ -699,6 +693,23 @@ TEST_F(DevicePathTest, StreamCallsOnDeviceBuffersRefuseWhatTheyCannotDo) {
   EXPECT_EQ(status, std::vector<int>(2, 0));
 }
 
+// Run body(rank, comm) on n threads, each with a C API communicator of one in-process group.
+void run_comms(int n, const thc_config_t& cfg, const std::function<void(int, thc_comm_t)>& body) {
+  thc_inproc_group_t g;
+  ASSERT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      thc_comm_t comm;
+      ASSERT_EQ(thc_comm_create_inproc(g, r, &cfg, &comm), THC_SUCCESS);
+      body(r, comm);
+      thc_comm_destroy(comm);
+    });
+  }
+  for (auto& t : ts) t.join();
+  thc_inproc_group_destroy(g);
+}
+
 // Nonblocking calls on device buffers (C API, in-process communicators): the call runs on the
 // communicator's progress thread, which selects the buffers' device itself, and returns the bits
 // of the same blocking call on host buffers, as does a group of one device tensor.
@@ -709,35 +720,25 @@ TEST_F(DevicePathTest, NonblockingOnDeviceBuffersMatchesBlockingOnHost) {
   std::vector<std::vector<uint8_t>> host(n), dev(n);
   std::vector<thc_status_t> group_st(n, THC_SUCCESS);
   for (int device = 0; device < 2; ++device) {
-    thc_inproc_group_t g;
-    ASSERT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < n; ++r) {
-      ts.emplace_back([&, r] {
-        thc_comm_t comm;
-        ASSERT_EQ(thc_comm_create_inproc(g, r, &cfg, &comm), THC_SUCCESS);
-        const std::vector<uint8_t> in = as_bytes(dyadic(count, 77 + r), DType::kF16);
-        if (device) {
-          DevBuf<uint8_t> s(in), d(in.size());
-          thc_request_t q;
-          EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, s.get(), d.get(), count, THC_FLOAT16, THC_OP_SUM, comm, nullptr,
-                                          &q),
-                    THC_SUCCESS);
-          EXPECT_EQ(thc_wait(&q), THC_SUCCESS) << thc_last_error();
-          dev[r] = d.download();
-          thc_tensor_t t{s.get(), d.get(), count, THC_FLOAT16, nullptr};
-          group_st[r] = thc_allreduce_group(THC_SCHEME_THC, &t, 1, THC_OP_SUM, comm);
-        } else {
-          host[r].assign(in.size(), 0);
-          EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, in.data(), host[r].data(), count, THC_FLOAT16, THC_OP_SUM, comm,
-                                         nullptr),
-                    THC_SUCCESS);
-        }
-        thc_comm_destroy(comm);
-      });
-    }
-    for (auto& t : ts) t.join();
-    thc_inproc_group_destroy(g);
+    run_comms(n, cfg, [&](int r, thc_comm_t comm) {
+      const std::vector<uint8_t> in = as_bytes(dyadic(count, 77 + r), DType::kF16);
+      if (device) {
+        DevBuf<uint8_t> s(in), d(in.size());
+        thc_request_t q;
+        EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, s.get(), d.get(), count, THC_FLOAT16, THC_OP_SUM, comm, nullptr,
+                                        &q),
+                  THC_SUCCESS);
+        EXPECT_EQ(thc_wait(&q), THC_SUCCESS) << thc_last_error();
+        dev[r] = d.download();
+        thc_tensor_t t{s.get(), d.get(), count, THC_FLOAT16, nullptr};
+        group_st[r] = thc_allreduce_group(THC_SCHEME_THC, &t, 1, THC_OP_SUM, comm);
+      } else {
+        host[r].assign(in.size(), 0);
+        EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, in.data(), host[r].data(), count, THC_FLOAT16, THC_OP_SUM, comm,
+                                       nullptr),
+                  THC_SUCCESS);
+      }
+    });
   }
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(dev[r], host[r]) << "rank " << r;
@@ -758,48 +759,38 @@ TEST_F(DevicePathTest, NonblockingDeviceCallsFuseAndGiveTheSeparateCallsBits) {
   std::vector<uint64_t> groups(n, 0);
   for (int device = 0; device < 2; ++device) {
     out[device].assign(n, {});
-    thc_inproc_group_t g;
-    ASSERT_EQ(thc_inproc_group_create(n, &g), THC_SUCCESS);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < n; ++r) {
-      ts.emplace_back([&, r] {
-        thc_comm_t comm;
-        ASSERT_EQ(thc_comm_create_inproc(g, r, &cfg, &comm), THC_SUCCESS);
-        std::vector<std::vector<uint8_t>> in;
-        std::vector<std::unique_ptr<DevBuf<uint8_t>>> bufs;
-        std::vector<thc_request_t> qs(calls.size(), THC_REQUEST_NULL);
-        for (size_t i = 0; i < calls.size(); ++i) {
-          in.push_back(as_bytes(dyadic(calls[i].count, 300 * r + static_cast<uint32_t>(i)), calls[i].dtype));
-          const thc_dtype_t dt = calls[i].dtype == DType::kF32   ? THC_FLOAT32
-                                 : calls[i].dtype == DType::kF16 ? THC_FLOAT16
-                                                                 : THC_BFLOAT16;
-          if (device) {
-            bufs.push_back(std::make_unique<DevBuf<uint8_t>>(in[i]));
-            EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, bufs[i]->get(), calls[i].count, dt, THC_OP_SUM,
-                                            comm, nullptr, &qs[i]),
-                      THC_SUCCESS);
-          } else {
-            EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, in[i].data(), calls[i].count, dt, THC_OP_SUM,
-                                           comm, nullptr),
-                      THC_SUCCESS);
-          }
+    run_comms(n, cfg, [&](int r, thc_comm_t comm) {
+      std::vector<std::vector<uint8_t>> in;
+      std::vector<std::unique_ptr<DevBuf<uint8_t>>> bufs;
+      std::vector<thc_request_t> qs(calls.size(), THC_REQUEST_NULL);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        in.push_back(as_bytes(dyadic(calls[i].count, 300 * r + static_cast<uint32_t>(i)), calls[i].dtype));
+        const thc_dtype_t dt = calls[i].dtype == DType::kF32   ? THC_FLOAT32
+                               : calls[i].dtype == DType::kF16 ? THC_FLOAT16
+                                                               : THC_BFLOAT16;
+        if (device) {
+          bufs.push_back(std::make_unique<DevBuf<uint8_t>>(in[i]));
+          EXPECT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, bufs[i]->get(), calls[i].count, dt, THC_OP_SUM,
+                                          comm, nullptr, &qs[i]),
+                    THC_SUCCESS);
+        } else {
+          EXPECT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, THC_IN_PLACE, in[i].data(), calls[i].count, dt, THC_OP_SUM,
+                                         comm, nullptr),
+                    THC_SUCCESS);
         }
-        for (size_t i = 0; i < calls.size(); ++i) {
-          if (device) {
-            EXPECT_EQ(thc_wait(&qs[i]), THC_SUCCESS) << thc_last_error();
-            out[device][r].push_back(bufs[i]->download());
-          } else {
-            out[device][r].push_back(in[i]);
-          }
+      }
+      for (size_t i = 0; i < calls.size(); ++i) {
+        if (device) {
+          EXPECT_EQ(thc_wait(&qs[i]), THC_SUCCESS) << thc_last_error();
+          out[device][r].push_back(bufs[i]->download());
+        } else {
+          out[device][r].push_back(in[i]);
         }
-        thc_stats_t st;
-        ASSERT_EQ(thc_comm_stats(comm, &st), THC_SUCCESS);
-        if (device) groups[r] = st.groups;
-        thc_comm_destroy(comm);
-      });
-    }
-    for (auto& t : ts) t.join();
-    thc_inproc_group_destroy(g);
+      }
+      thc_stats_t st;
+      ASSERT_EQ(thc_comm_stats(comm, &st), THC_SUCCESS);
+      if (device) groups[r] = st.groups;
+    });
   }
   expect_same(out[0], out[1], "fused device calls");
   for (int r = 0; r < n; ++r) EXPECT_GE(groups[r], 1u) << "rank " << r << ": no call was fused";
