@@ -189,6 +189,106 @@ TEST_F(MpiDeviceTest, HierarchicalCommunicatorRunsDeviceCallsFlat) {
   thc_comm_destroy(hier);
 }
 
+// Groups, reduce-scatter and allgather with device buffers on a hierarchical communicator run on
+// its flat engine's stream path on every rank (the device codec; a real reduce-scatter): the bits
+// of the same calls on host buffers of a flat communicator with the same seed, also when only
+// rank 0 passes device memory. Host buffers everywhere keep the hierarchical ways.
+TEST_F(MpiDeviceTest, HierarchicalCommunicatorTakesDeviceBuffersInEveryCall) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  thc_config_t flat_cfg;
+  ASSERT_EQ(thc_config_init(&flat_cfg), THC_SUCCESS);
+  flat_cfg.hier = 0;
+  thc_config_t hier_cfg = flat_cfg;
+  hier_cfg.hier = 1;
+  std::snprintf(hier_cfg.hier_hosts, sizeof hier_cfg.hier_hosts, "%d,1", world() - 1);
+  thc_comm_t flat, hier;
+  ASSERT_EQ(thc_comm_create_mpi(host_, &flat_cfg, &flat), THC_SUCCESS) << thc_last_error();
+  ASSERT_EQ(thc_comm_create_mpi(dev_, &hier_cfg, &hier), THC_SUCCESS) << thc_last_error();
+  thc_stats_t st;
+  ASSERT_EQ(thc_comm_stats(hier, &st), THC_SUCCESS);
+  ASSERT_EQ(st.hier_hosts, 2);
+  const int n = world(), me = rank();
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int q = 0; q < n; ++q) counts.push_back(2 * 1024 + 100 * q + 3), total += counts.back();
+  size_t off = 0;
+  for (int q = 0; q < me; ++q) off += counts[q];
+  thc_state_t ef_flat, ef_hier;
+  ASSERT_EQ(thc_state_create(&ef_flat), THC_SUCCESS);
+  ASSERT_EQ(thc_state_create(&ef_hier), THC_SUCCESS);
+  for (int k = 0; k < 2; ++k) {
+    const bool on_device = k == 0 || me == 0;  // call pair 0: device buffers everywhere; 1: on rank 0 only
+    SCOPED_TRACE(on_device ? "device buffers" : "host buffers on this rank");
+    // reduce-scatter with error feedback
+    const std::vector<float> x = dyadic(total, 31 * me + k);
+    std::vector<float> want(counts[me]), got(counts[me]);
+    // (error feedback in the first pair only: a state stays bound to host or device memory)
+    ASSERT_EQ(thc_reduce_scatter(THC_SCHEME_THC, x.data(), want.data(), counts.data(), THC_FLOAT32, THC_OP_SUM, flat,
+                                 k == 0 ? ef_flat : nullptr),
+              THC_SUCCESS)
+        << thc_last_error();
+    if (on_device) {
+      DevBuf<float> ds(x), dr(counts[me]);
+      ASSERT_EQ(thc_reduce_scatter(THC_SCHEME_THC, ds.get(), dr.get(), counts.data(), THC_FLOAT32, THC_OP_SUM, hier,
+                                   k == 0 ? ef_hier : nullptr),
+                THC_SUCCESS)
+          << thc_last_error();
+      got = dr.download();
+    } else {
+      ASSERT_EQ(thc_reduce_scatter(THC_SCHEME_THC, x.data(), got.data(), counts.data(), THC_FLOAT32, THC_OP_SUM, hier,
+                                   nullptr),
+                THC_SUCCESS)
+          << thc_last_error();
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), counts[me] * 4), 0) << "reduce-scatter " << k;
+    // allgather (float16)
+    std::vector<uint8_t> mine(counts[me] * 2);
+    thc::engine::store_from_float(dyadic(counts[me], 7 * me + k).data(), counts[me], thc::engine::DType::kF16,
+                                  mine.data(), 0);
+    std::vector<uint8_t> gw(total * 2), gg(total * 2);
+    ASSERT_EQ(thc_allgather(THC_SCHEME_CNAT, mine.data(), gw.data(), counts.data(), THC_FLOAT16, flat, nullptr),
+              THC_SUCCESS)
+        << thc_last_error();
+    if (on_device) {
+      DevBuf<uint8_t> ds(mine), dr(total * 2);
+      ASSERT_EQ(thc_allgather(THC_SCHEME_CNAT, ds.get(), dr.get(), counts.data(), THC_FLOAT16, hier, nullptr),
+                THC_SUCCESS)
+          << thc_last_error();
+      gg = dr.download();
+    } else {
+      ASSERT_EQ(thc_allgather(THC_SCHEME_CNAT, mine.data(), gg.data(), counts.data(), THC_FLOAT16, hier, nullptr),
+                THC_SUCCESS)
+          << thc_last_error();
+    }
+    EXPECT_EQ(gg, gw) << "allgather " << k;
+    // a group: one device tensor, one host tensor (on rank 0 in call pair 1: both on the device)
+    const std::vector<float> a = dyadic(3000, 5 * me + k), b = dyadic(1500, 9 * me + k);
+    std::vector<float> fa = a, fb = b;
+    thc_tensor_t ft[2] = {{THC_IN_PLACE, fa.data(), fa.size(), THC_FLOAT32, nullptr},
+                          {THC_IN_PLACE, fb.data(), fb.size(), THC_FLOAT32, nullptr}};
+    ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, ft, 2, THC_OP_AVG, flat), THC_SUCCESS) << thc_last_error();
+    DevBuf<float> da(a), db(b);
+    std::vector<float> hb = b;
+    thc_tensor_t ht[2] = {{THC_IN_PLACE, da.get(), a.size(), THC_FLOAT32, nullptr},
+                          {THC_IN_PLACE, on_device ? static_cast<void*>(db.get()) : hb.data(), b.size(), THC_FLOAT32,
+                           nullptr}};
+    ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, ht, 2, THC_OP_AVG, hier), THC_SUCCESS) << thc_last_error();
+    EXPECT_TRUE(da.download() == fa) << "group tensor 0, call pair " << k;
+    EXPECT_TRUE((on_device ? db.download() : hb) == fb) << "group tensor 1, call pair " << k;
+  }
+  // host buffers everywhere: the hierarchical ways (reduce-scatter through its allreduce)
+  const std::vector<float> x = dyadic(total, 77 + me);
+  std::vector<float> y(counts[me]);
+  ASSERT_EQ(thc_reduce_scatter(THC_SCHEME_THC, x.data(), y.data(), counts.data(), THC_FLOAT32, THC_OP_SUM, hier,
+                               nullptr),
+            THC_SUCCESS)
+      << thc_last_error();
+  thc_state_destroy(ef_flat);
+  thc_state_destroy(ef_hier);
+  thc_comm_destroy(flat);
+  thc_comm_destroy(hier);
+}
+
 TEST_F(MpiDeviceTest, IntegerAverageOnDeviceIsRefused) {
   DevBuf<int> d(64);
   // int is not compressed, and an average of integers is refused wherever the buffer lives
