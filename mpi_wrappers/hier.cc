@@ -422,6 +422,35 @@ class HierComm final : public capi::Composite {
     return b;
   }
 
+  // Calls on several tensors. With device buffers on some rank they run on the flat engine's
+  // stream path on every rank (the device codec per tensor; a real reduce-scatter and allgather,
+  // one stream per group); with host buffers everywhere, the composite's ways through the
+  // hierarchical allreduce. Deciding takes a first exchange of its own (the allreduce's words:
+  // a rank's failure before it, the codec, count and op, the call sequence).
+  void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) override {
+    std::vector<const void*> ptrs;
+    uint64_t count = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ptrs.push_back(ts[i].send);
+      ptrs.push_back(ts[i].recv);
+      count += ts[i].count;
+    }
+    if (!device_call(scheme, count, mean, ptrs)) return Composite::allreduce_group(scheme, ts, n, mean);
+    on_flat([&](engine::Engine& e) { e.allreduce_group(scheme, ts, n, mean); });
+  }
+  void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, engine::DType dtype,
+                      bool mean, engine::ErrorFeedback* ef) override {
+    if (!device_call(scheme, total_of(counts), mean, {send, recv}))
+      return Composite::reduce_scatter(scheme, send, recv, counts, dtype, mean, ef);
+    on_flat([&](engine::Engine& e) { e.reduce_scatter(scheme, send, recv, counts, dtype, mean, ef); });
+  }
+  void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, engine::DType dtype,
+                 engine::ErrorFeedback* ef) override {
+    if (!device_call(scheme, total_of(counts), false, {send, recv}))
+      return Composite::allgather(scheme, send, recv, counts, dtype, ef);
+    on_flat([&](engine::Engine& e) { e.allgather(scheme, send, recv, counts, dtype, ef); });
+  }
+
   void fail_call(const Error& why) override {
     if (w_.broken) return;  // nothing can be exchanged any more: the caller reports its own error
     const uint32_t round = round_++;
@@ -478,12 +507,7 @@ class HierComm final : public capi::Composite {
 
     if (hdr[kWordDevice] != 0) {
       // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
-      if (!flat_) flat_ = std::make_unique<engine::Engine>(transport::make_mpi_reducer(ctl_, cfg_.timeout_ms), cfg_);
-      const engine::EngineStats before = flat_->stats();
-      flat_->allreduce(scheme, send, recv, count, dtype, mean, ef);
-      const engine::EngineStats& after = flat_->stats();
-      account(count, after.wire_bytes_up - before.wire_bytes_up, after.wire_bytes_down - before.wire_bytes_down,
-              after.last_algo);
+      on_flat([&](engine::Engine& e) { e.allreduce(scheme, send, recv, count, dtype, mean, ef); });
       return;
     }
 
@@ -810,6 +834,57 @@ class HierComm final : public capi::Composite {
         }
       }
     }
+  }
+
+  uint64_t total_of(const uint64_t* counts) const {
+    uint64_t t = 0;
+    for (int q = 0; q < size_; ++q) t += counts[q];
+    return t;
+  }
+
+  // Whether some rank passes device memory in this call on several tensors (an exchange every
+  // rank takes part in; see allreduce_group).
+  bool device_call(codec::Scheme scheme, uint64_t count, bool mean, const std::vector<const void*>& ptrs) {
+    w_.check_usable();
+    const uint32_t round = round_++;
+    std::unique_ptr<Error> own;
+    bool device = false;
+    const codec::Codec* cod = nullptr;
+    capture(&own, [&] {
+      cod = &codec_for(scheme);
+      for (const void* p : ptrs)
+        if (p && p != THC_IN_PLACE && engine::is_device_buffer(p)) device = true;
+    });
+    const std::vector<Field> fields = call_fields(cod, count, mean, round);
+    std::vector<uint32_t> hdr = words(fields, rank_, own.get());
+    hdr[kWordDevice] = device ? 1u : 0u;
+    w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
+    judge(hdr.data(), fields, rank_, size_, own.get(), false, false, "this call before exchanging", w_.naming(ctl_));
+    return hdr[kWordDevice] != 0;
+  }
+
+  // Runs fn on the flat engine (created on first use) and counts what it counted.
+  template <typename Fn>
+  void on_flat(Fn&& fn) {
+    if (!flat_) flat_ = std::make_unique<engine::Engine>(transport::make_mpi_reducer(ctl_, cfg_.timeout_ms), cfg_);
+    const engine::EngineStats before = flat_->stats();
+    try {
+      fn(*flat_);
+    } catch (...) {
+      add_stats(before, flat_->stats());
+      throw;
+    }
+    add_stats(before, flat_->stats());
+  }
+  void add_stats(const engine::EngineStats& before, const engine::EngineStats& after) {
+    stats_.calls += after.calls - before.calls;
+    stats_.elements += after.elements - before.elements;
+    stats_.float_bytes += after.float_bytes - before.float_bytes;
+    stats_.wire_bytes_up += after.wire_bytes_up - before.wire_bytes_up;
+    stats_.wire_bytes_down += after.wire_bytes_down - before.wire_bytes_down;
+    stats_.groups += after.groups - before.groups;
+    stats_.grouped_tensors += after.grouped_tensors - before.grouped_tensors;
+    if (after.calls != before.calls) stats_.last_algo = after.last_algo;
   }
 
   void account(uint64_t count, uint64_t up, uint64_t down, engine::Algo algo) {

@@ -22,7 +22,8 @@
 // THC_TIMEOUT_MS, and nothing blocks in MPI (no communicator is split: MPI_Comm_split cannot be
 // bounded). Error feedback applies to the compressed stage (the residual of slice i lives on
 // local rank i). Device buffers on any rank make the call run flat (the engine's GPU path) on
-// every rank.
+// every rank; so do groups, reduce-scatter and allgather (the flat engine's stream path), which
+// with host buffers everywhere go through the hierarchical allreduce.
 #pragma once
 
 #include <mpi.h>

@@ -269,13 +269,6 @@ thc_status_t shards_call(const char* where, bool rs, thc_scheme_t scheme, const 
   // recvbuf holds this rank's result (reduce-scatter: its shard), and the input when in place
   if (!recvbuf && (rs ? (counts[static_cast<size_t>(me)] > 0 || (in_place && total > 0)) : total > 0))
     c.refuse(Status::kInvalidArgument, "recvbuf is NULL");
-  // A hierarchical communicator's reduce-scatter and allgather go through host staging of the
-  // whole vector (Composite); the engine's take device buffers.
-  if (total > 0 && comm && comm->composite &&
-      ((sendbuf && sendbuf != THC_IN_PLACE && engine::is_device_buffer(sendbuf)) ||
-       (recvbuf && engine::is_device_buffer(recvbuf))))
-    c.refuse(Status::kUnsupported,
-             "device buffers: reduce-scatter and allgather on a hierarchical communicator (THC_HIER) take host memory");
   States states;
   if (total > 0) states.take(c, state, rs ? total : counts[static_cast<size_t>(me)]);
   Work w;

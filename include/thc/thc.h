@@ -243,8 +243,8 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
  * - Device buffers (CUDA) work in every call here as in thc_allreduce (writes to sendbuf on other
  *   streams must be complete before the start call): the device codec encodes and decodes them,
  *   only codes and sums pass through host memory. A group may mix host and device tensors (each
- *   tensor's sendbuf and recvbuf on one side). On a hierarchical MPI communicator (THC_HIER),
- *   reduce-scatter and allgather take host memory (THC_ERR_UNSUPPORTED).
+ *   tensor's sendbuf and recvbuf on one side). On a hierarchical MPI communicator (THC_HIER) a
+ *   call with device buffers on any rank runs flat on every rank.
  */
 typedef struct thc_request_s* thc_request_t;
 #define THC_REQUEST_NULL ((thc_request_t)0)
@@ -278,7 +278,8 @@ thc_status_t thc_request_free(thc_request_t* request);
  * every tensor's result is bit-identical to a thc_allreduce_scheme of it alone in the same place
  * in the sequence of calls (THC_BIDIR aside); a group counts as one call per tensor with
  * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
- * communicator (THC_HIER) a group runs tensor by tensor. A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
+ * communicator (THC_HIER) a group of host buffers runs tensor by tensor (with device buffers on
+ * any rank: as one stream, flat). A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
  * array may be freed once the start call returns; the buffers belong to the call until it
  * completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
  * number of tensors with the same counts (THC_ERR_CONFIG_MISMATCH otherwise). */
@@ -316,7 +317,8 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * worker's contribution to an allreduce (no averaging over workers). state: error feedback of
  * this rank's shard (bound to recvcounts[rank]). sendbuf THC_IN_PLACE (or NULL): the own shard is
  * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI
- * communicator (THC_HIER) both run through its allreduce (README, Limitations). */
+ * communicator (THC_HIER) both run through its allreduce (README, Limitations), unless some rank
+ * passes device buffers: then they run flat, as here. */
 thc_status_t thc_reduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
                                 thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state);
 thc_status_t thc_ireduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
