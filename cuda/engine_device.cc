@@ -128,7 +128,7 @@ struct PerDevice {
   // The stream path's (groups, reduce-scatter, allgather: StreamWork below), kept across calls.
   struct {
     Buffer<false> pre, pre_temp, stats, temp, wire, sums, tmp, keep[2];
-    Buffer<true> h_pre;
+    Buffer<true> h_pre, h_codes;
   } st;
 
   explicit PerDevice(int d) : device(d) {
@@ -240,12 +240,16 @@ class StreamWork final : public engine::DeviceStream {
 
   void reserve(uint64_t nb, uint64_t max_wire, uint64_t max_elems, bool keep_x) override {
     b_.stats.reserve(nb * sizeof(float));
-    // Codes of a run: packed indices (at most 8 bits each) or values of the sum type (at most 4 bytes).
-    b_.wire.reserve(max_wire * 4 + 64);
-    b_.sums.reserve(max_wire * 4 + 64);
+    // A chunk's codes: packed indices (at most 8 bits each) or values of the sum type (at most 4
+    // bytes); its sums; and the host sums of one allgather group (at most a chunk's).
+    const size_t wire_bytes = max_wire * 4 + 64;
+    b_.wire.reserve(wire_bytes);
+    b_.h_codes.reserve(wire_bytes);
+    b_.sums.reserve(2 * wire_bytes);
     b_.tmp.reserve(max_elems * sizeof(float));
     if (keep_x)
       for (auto& k : b_.keep) k.reserve(max_elems * sizeof(float));
+    wire_bytes_ = wire_bytes;
   }
   void set_stats(const float* stats, uint64_t nb) override {
     THC_ENGINE_CUDA(cudaMemcpyAsync(b_.stats.get(), stats, nb * sizeof(float), cudaMemcpyHostToDevice, pd_.stream));
@@ -255,7 +259,7 @@ class StreamWork final : public engine::DeviceStream {
   }
 
   void encode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
-              const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, void* out, int keep_slot,
+              const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, uint64_t woff, int keep_slot,
               uint64_t xoff) override {
     const DeviceCodec& dc = pd_.codec_for(cod);
     const InType it = in_type(t);
@@ -265,12 +269,16 @@ class StreamWork final : public engine::DeviceStream {
     float* ef = res ? res + first : nullptr;
     if (keep_slot >= 0)  // x + e before encode updates e
       THC_ENGINE_CUDA(add_input(xs, it, ef, m, b_.keep[keep_slot].get<float>() + xoff, pd_.stream));
+    const uint64_t w = run_wire(lay, b0, nblk);
+    const size_t at = packed ? woff * cod.index_bits() / 8 : woff * codec::int_size(cod.sum_type());
+    const size_t bytes = packed ? cod.packed_bytes(w) : w * codec::int_size(cod.sum_type());
+    if (at + bytes > wire_bytes_) fail(Status::kInternal, "device stream: a run beyond the chunk's buffer");
     EncodeOut o;
     o.residual = ef;
     if (packed) {
-      o.packed = b_.wire.get<uint8_t>();
+      o.packed = b_.wire.get<uint8_t>(at);
     } else {
-      o.values = b_.wire.get();
+      o.values = b_.wire.get(at);
       o.layout = ValueLayout::kNative;
     }
     size_t tb = 0;
@@ -279,22 +287,49 @@ class StreamWork final : public engine::DeviceStream {
     b_.temp.reserve(tb);
     THC_ENGINE_CUDA(cuda::encode(b_.temp.get(), &tb, dc, lay, b0, nblk, xs, it, ef, b_.stats.get<float>() + g0 + b0,
                                  rng_of(rng), o, nullptr, pd_.stream));
-    const uint64_t w = run_wire(lay, b0, nblk);
-    const size_t bytes = packed ? cod.packed_bytes(w) : w * codec::int_size(cod.sum_type());
-    THC_ENGINE_CUDA(cudaMemcpyAsync(out, b_.wire.get(), bytes, cudaMemcpyDeviceToHost, pd_.stream));
+    runs_.push_back({at, bytes});
+  }
+
+  void codes_to_host(const codec::Codec&, bool, void* out) override {
+    if (runs_.empty()) return;
+    size_t lo = runs_[0].at, hi = 0;
+    for (const ByteRun& r : runs_) {
+      lo = std::min(lo, r.at);
+      hi = std::max(hi, r.at + r.bytes);
+    }
+    // One copy of the span (the gaps between runs come along and are not used) and one wait.
+    THC_ENGINE_CUDA(cudaMemcpyAsync(b_.h_codes.get(lo), b_.wire.get(lo), hi - lo, cudaMemcpyDeviceToHost, pd_.stream));
     THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream));
+    for (const ByteRun& r : runs_) std::memcpy(static_cast<char*>(out) + r.at, b_.h_codes.get(r.at), r.bytes);
+    runs_.clear();
+  }
+
+  void sums_to_device(const codec::Codec& cod, const void* sums, uint64_t lo, uint64_t wire) override {
+    const size_t wsz = codec::int_size(cod.sum_type());
+    if (wire * wsz > wire_bytes_) fail(Status::kInternal, "device stream: sums beyond the chunk's buffer");
+    THC_ENGINE_CUDA(cudaMemcpyAsync(b_.sums.get(), sums, wire * wsz, cudaMemcpyHostToDevice, pd_.stream));
+    sums_lo_ = lo;
   }
 
   void decode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
-              const void* sums, const codec::CallRng& rng, int contributors, bool as_mean, float scale, void* out,
-              DType ot) override {
+              uint64_t woff, const void* host_sums, const codec::CallRng& rng, int contributors, bool as_mean,
+              float scale, void* out, DType ot) override {
     const DeviceCodec& dc = pd_.codec_for(cod);
     const InType it = in_type(ot);
     const uint64_t first = b0 * lay.block;
     const uint64_t m = run_elems(lay, b0, nblk);
-    const uint64_t w = run_wire(lay, b0, nblk);
-    THC_ENGINE_CUDA(cudaMemcpyAsync(b_.sums.get(), sums, w * codec::int_size(cod.sum_type()), cudaMemcpyHostToDevice,
-                                    pd_.stream));
+    const size_t wsz = codec::int_size(cod.sum_type());
+    const void* d_sums;
+    if (host_sums) {
+      // (the second half of the sums buffer: the chunk's sums stay in the first)
+      const size_t bytes = run_wire(lay, b0, nblk) * wsz;
+      if (bytes > wire_bytes_) fail(Status::kInternal, "device stream: sums beyond the chunk's buffer");
+      d_sums = b_.sums.get(wire_bytes_);
+      THC_ENGINE_CUDA(cudaMemcpyAsync(b_.sums.get(wire_bytes_), host_sums, bytes, cudaMemcpyHostToDevice, pd_.stream));
+    } else {
+      if (woff < sums_lo_) fail(Status::kInternal, "device stream: a run's sums before the chunk's on the device");
+      d_sums = b_.sums.get((woff - sums_lo_) * wsz);
+    }
     void* o = static_cast<char*>(out) + first * in_size(it);
     const float* st = b_.stats.get<float>() + g0 + b0;
     size_t tb = 0;
@@ -302,15 +337,16 @@ class StreamWork final : public engine::DeviceStream {
                                  false, nullptr, it, nullptr, nullptr, nullptr));
     b_.temp.reserve(tb);
     if (scale == 1.0f) {
-      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, b_.sums.get(), ValueLayout::kNative, st,
+      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, d_sums, ValueLayout::kNative, st,
                                    rng_of(rng), contributors, as_mean, o, it, nullptr, nullptr, pd_.stream));
     } else {
       float* tmp = b_.tmp.get<float>();
-      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, b_.sums.get(), ValueLayout::kNative, st,
+      THC_ENGINE_CUDA(cuda::decode(b_.temp.get(), &tb, dc, lay, b0, nblk, d_sums, ValueLayout::kNative, st,
                                    rng_of(rng), contributors, as_mean, tmp, InType::kF32, nullptr, nullptr,
                                    pd_.stream));
       THC_ENGINE_CUDA(scale_store(tmp, m, scale, o, it, pd_.stream));
     }
+    if (host_sums) THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream));  // host_sums may change after the return
   }
 
   void restore(int slot, uint64_t xoff, float* res, uint64_t m) override {
@@ -332,10 +368,16 @@ class StreamWork final : public engine::DeviceStream {
   void sync() override { THC_ENGINE_CUDA(cudaStreamSynchronize(pd_.stream)); }
 
  private:
+  struct ByteRun {
+    size_t at, bytes;  // in the chunk's codes
+  };
   DeviceGuard guard_;
   PerDevice& pd_;
   decltype(PerDevice::st)& b_;
   std::vector<void*> scratch_;
+  std::vector<ByteRun> runs_;  // encoded since the last codes_to_host
+  size_t wire_bytes_ = 0;      // a chunk's codes or sums, at most (reserve)
+  uint64_t sums_lo_ = 0;       // the wire element the device's chunk sums start at
 };
 
 class Session final : public engine::DeviceSession {

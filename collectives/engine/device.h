@@ -24,13 +24,15 @@ struct ErrorFeedback;
 
 // The device side of one call on several tensors (groups, reduce-scatter, allgather: the engine's
 // stream path, stream.cc). The engine keeps the call's plan, chunks and backend operations; for
-// each tensor in device memory it asks this for the block statistics, a run's codes (copied to
-// host memory for the backend) and the decode of a run's sums (from host memory) into the
-// tensor's buffer, so only codes and sums cross PCIe, as on the single allreduce's device path.
-// Tensors (layout lay, statistics from global block g0) are addressed from their first element:
-// x, res and out point at element 0, b0 is the tensor's block. The work is ordered on one CUDA
-// stream; every host buffer passed in may be reused when the call returns, and sync() waits for
-// the device writes. Throws thc::Error.
+// each tensor in device memory it asks this for the block statistics, a run's codes and the
+// decode of a run's sums into the tensor's buffer, so only codes and sums cross PCIe, as on the
+// single allreduce's device path. Per chunk: the encodes are enqueued into a device copy of the
+// chunk's wire buffer and codes_to_host brings them to the chunk's host buffer with one copy and
+// one wait; sums_to_device takes the chunk's sums to the device once, and the decodes enqueued
+// after it read them there. Tensors (layout lay, statistics from global block g0) are addressed
+// from their first element: x, res and out point at element 0, b0 is the tensor's block; woff is
+// a run's first wire element in its chunk. Work is ordered on one CUDA stream; host memory passed
+// in may be reused when a call returns; sync() waits for the device writes. Throws thc::Error.
 class DeviceStream {
  public:
   virtual ~DeviceStream() = default;
@@ -40,22 +42,29 @@ class DeviceStream {
   // false if an element is not finite.
   virtual bool prelude(const codec::Codec& cod, const codec::Layout& lay, const void* x, DType t, const float* res,
                        float* stats) = 0;
-  // The buffers of a call of nb blocks in runs of up to max_wire wire elements and max_elems
+  // The buffers of a call of nb blocks in chunks of up to max_wire wire elements and max_elems
   // elements (keep_x: room for the kept inputs of two slots), before its first exchange.
   virtual void reserve(uint64_t nb, uint64_t max_wire, uint64_t max_elems, bool keep_x) = 0;
   // The call's global statistics (host, nb floats), after the first exchange.
   virtual void set_stats(const float* stats, uint64_t nb) = 0;
-  // The codes of blocks [b0, b0 + nblk) of x (+ res, which receives the new residual) into host
-  // memory: packed indices, or values of the sum type. keep_slot >= 0: x + res of the run is kept
-  // at element xoff of that slot's buffer (a rank the aggregate may leave out restores it).
+  // Enqueues the codes of blocks [b0, b0 + nblk) of x (+ res, which receives the new residual):
+  // packed indices or values of the sum type, at wire element woff (a multiple of 8) of the
+  // chunk. keep_slot >= 0: x + res of the run is kept at element xoff of that slot's buffer (a
+  // rank the aggregate may leave out restores it).
   virtual void encode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
-                      const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, void* out,
+                      const void* x, DType t, float* res, const codec::CallRng& rng, bool packed, uint64_t woff,
                       int keep_slot, uint64_t xoff) = 0;
-  // Sums (host, at the first wire element of b0) of `contributors` ranks decoded into out (type
+  // The codes of the runs encoded since the last call into out (the chunk's host buffer, at the
+  // runs' own offsets; the bytes between them untouched), once they are written.
+  virtual void codes_to_host(const codec::Codec& cod, bool packed, void* out) = 0;
+  // The chunk's sums of wire elements [lo, lo + wire) (host memory at `sums`) to the device.
+  virtual void sums_to_device(const codec::Codec& cod, const void* sums, uint64_t lo, uint64_t wire) = 0;
+  // Enqueues the decode of `contributors` ranks' sums of a run (at wire element woff of the
+  // chunk's sums on the device; or, with host_sums, those host sums, waited for) into out (type
   // ot). as_mean: their mean; scale != 1: that mean times scale (partial aggregation's SUM).
   virtual void decode(const codec::Codec& cod, const codec::Layout& lay, uint64_t g0, uint64_t b0, uint64_t nblk,
-                      const void* sums, const codec::CallRng& rng, int contributors, bool as_mean, float scale,
-                      void* out, DType ot) = 0;
+                      uint64_t woff, const void* host_sums, const codec::CallRng& rng, int contributors, bool as_mean,
+                      float scale, void* out, DType ot) = 0;
   // res[0..m) = the kept x of slot at element xoff (left out of the aggregate).
   virtual void restore(int slot, uint64_t xoff, float* res, uint64_t m) = 0;
   // res[0..m) += x[0..m) (a contribution never encoded stays in the residual).
@@ -66,7 +75,6 @@ class DeviceStream {
   virtual void sync() = 0;
 };
 
-// One engine's device-side state (device codecs, workspace, pinned staging, streams).
 class DeviceSession {
  public:
   virtual ~DeviceSession() = default;

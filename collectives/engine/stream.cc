@@ -26,6 +26,7 @@
 // only a run's codes and sums cross to and from the chunk's host buffers, so chunks, exchanges
 // and results are those of the same call on host buffers.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -476,6 +477,19 @@ void Engine::run_stream(Stream& st) {
     if (lend && !sums0) fail(Status::kInternal, "the transport lent no sums");
     if (!lend) s.req.reset();
     s.live = false;
+    // The device tensors' sums go to the device in one copy (the span of their runs).
+    if (ds && st.kind != Kind::kAllgather) {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      for (const Run& r : c.runs) {
+        const Seg& sg = st.segs[r.seg];
+        if (!sg.dev || !sg.recv) continue;
+        uint64_t w = 0;
+        for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
+        lo = std::min(lo, r.woff);
+        hi = std::max(hi, r.woff + w);
+      }
+      if (hi > lo) ds->sums_to_device(cod, sums0 + lo * wsz, lo, hi - lo);
+    }
     for (const Run& r : c.runs) {
       Seg& sg = st.segs[r.seg];
       if (!sg.recv) continue;
@@ -503,9 +517,8 @@ void Engine::run_stream(Stream& st) {
           const bool ag = st.kind == Kind::kAllgather;
           const bool as_mean = !ag && (st.mean || ct.contributors != n);
           const float scale = !ag && !st.mean && ct.contributors != n ? static_cast<float>(n) : 1.0f;
-          ds->decode(cod, sg.lay, sg.g0, b, g, sums, sg.rng, ag ? 1 : ct.contributors, as_mean, scale, sg.recv,
-                     sg.out_dtype);
-          if (ag) ds->sync();  // vals is written again for the next group
+          ds->decode(cod, sg.lay, sg.g0, b, g, woff, ag ? sums : nullptr, sg.rng, ag ? 1 : ct.contributors, as_mean,
+                     scale, sg.recv, sg.out_dtype);
           if (!ag && sg.res && !ct.self_counted) ds->restore(si, r.xoff + (first - r.b0 * B), sg.res + first, m);
           decoded_on_device = true;
           if (drive && drive->req) drive->req->test();
@@ -585,12 +598,9 @@ void Engine::run_stream(Stream& st) {
         uint64_t w = 0;
         for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
         wire_own += w;
-        if (sg.dev) {
-          void* out = packed_form ? static_cast<void*>(s.packed.data() + r.woff * bits / 8)
-                                  : static_cast<void*>(s.sums.data() + r.woff * wsz);
-          ds->encode(cod, sg.lay, sg.g0, r.b0, r.nblk, sg.send, sg.dtype, sg.res, sg.rng, packed_form, out,
+        if (sg.dev) {  // enqueued; the chunk's device codes come over below
+          ds->encode(cod, sg.lay, sg.g0, r.b0, r.nblk, sg.send, sg.dtype, sg.res, sg.rng, packed_form, r.woff,
                      keep_x && sg.res ? cur : -1, r.xoff);
-          if (pending) pending->req->test();
           continue;
         }
         const uint64_t first = r.b0 * B;
@@ -607,6 +617,10 @@ void Engine::run_stream(Stream& st) {
         host_->encode(cod, sg.lay, r.b0, r.nblk, xin, stats.data() + sg.g0 + r.b0, sg.rng, out, [&] {
           if (pending) pending->req->test();
         });
+      }
+      if (ds) {
+        ds->codes_to_host(cod, packed_form, packed_form ? static_cast<void*>(s.packed.data()) : s.sums.data());
+        if (pending) pending->req->test();
       }
       wire_total += c.wire;
       encoded_to = ci + 1;

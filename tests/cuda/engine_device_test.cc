@@ -449,8 +449,9 @@ std::vector<float> residual_of(const ErrorFeedback& fb) {
 
 // `calls` successive calls of c per rank, on device buffers where device(rank, member) says so.
 StreamResult run_stream_case(const StreamCase& c, const std::function<bool(int, size_t)>& device, int calls = 2,
-                             int left_out = -1) {
-  const thc_config_t cfg = config(c.algo);
+                             int left_out = -1, long chunk_bytes = 0) {
+  thc_config_t cfg = config(c.algo);
+  if (chunk_bytes) cfg.chunk_bytes = chunk_bytes;
   const int n = c.ranks;
   StreamResult R;
   R.out.assign(n, {});
@@ -589,8 +590,13 @@ TEST_F(DevicePathTest, HostAndDeviceBuffersMixInOneGroupAndAcrossRanks) {
     const StreamCase g{StreamOp::kGroup, Scheme::kThc, algo, 3, true, false};
     SCOPED_TRACE(name(g));
     const StreamResult host = run_stream_case(g, kAllHost);
-    // tensors 1 and 2 on the device on every rank, the others on the host
-    expect_same(host, run_stream_case(g, [](int, size_t i) { return i == 1 || i == 2; }), "mixed tensors");
+    // tensors 1 and 3 on the device on every rank, the others on the host (a chunk holds tensor
+    // 1 on the device and tensor 2 on the host)
+    expect_same(host, run_stream_case(g, [](int, size_t i) { return i == 1 || i == 3; }), "mixed tensors");
+    // chunks of 8 blocks: one chunk holds tensor 0 on the device, 1 on the host, 2 on the device
+    const long big = 4 * 8 * 1024;
+    expect_same(run_stream_case(g, kAllHost, 2, -1, big),
+                run_stream_case(g, [](int, size_t i) { return i % 2 == 0; }, 2, -1, big), "mixed tensors in one chunk");
     // rank 1 passes host buffers, the others device buffers
     expect_same(host, run_stream_case(g, [](int r, size_t) { return r != 1; }), "mixed ranks");
     const StreamCase rs{StreamOp::kReduceScatter, Scheme::kCnat, algo, 3, true, true};
