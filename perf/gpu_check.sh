@@ -402,6 +402,23 @@ if [ $BUILT_OK -eq 1 ]; then
         step "cuda_mpi_device_test np=2" "FAILED" "rc=$rc (cuda_mpi_device_test.log)"
       fi
     fi
+    # device buffers timed: the single allreduce's device path and the reduce-scatter on the
+    # engine's stream path (the device codec per shard), 2 ranks sharing the GPU, NMSE checked
+    perf_bin=${PERF_BIN:-$BUILD/b/perf/allreduce_perf/thc_allreduce_perf}
+    if [ -x "$perf_bin" ]; then
+      for op in allreduce reduce_scatter; do
+        timeout 120 mpirun --oversubscribe -np 2 "$perf_bin" --device --op "$op" -b 1M -e 64M -f 4 -n 5 -w 2 -c 1 \
+          --nmse-bound 0.1 > "$OUT/perf_device_$op.log" 2>&1
+        rc=$?
+        bw=$(grep -m1 'Avg bus bandwidth' "$OUT/perf_device_$op.log" | awk '{print $NF}')
+        big=$(awk '$1 == 67108864 {print $5 " us"}' "$OUT/perf_device_$op.log" | head -1)
+        if [ $rc -eq 0 ] && grep -q "Worst NMSE .* OK" "$OUT/perf_device_$op.log"; then
+          step "perf --device $op np=2" "ok" "64 MB: ${big:-?}; avg busbw ${bw:-?} GB/s; $(grep -m1 'Worst NMSE' "$OUT/perf_device_$op.log")"
+        else
+          step "perf --device $op np=2" "FAILED" "rc=$rc (perf_device_$op.log)"
+        fi
+      done
+    fi
   else
     step "mpi" "skipped" "$(command -v mpirun >/dev/null || echo 'no mpirun; ')$( [ -x "$B/thc_gpu_mpi_check" ] || echo 'thc_gpu_mpi_check not built (no MPI at configure)')"
   fi

@@ -46,7 +46,9 @@
 // MPI_Reduce_scatter_block, bf16 the same on bfloat16. wire_B/elem is what a rank sends per input
 // element: (n-1)/n of its codes (thc), of its element bytes (none, bf16). The NMSE compares each
 // rank's shard with its exact shard. -o/--op takes the reduction (sum, avg) and the collective
-// (allreduce, reduce_scatter) alike, e.g. --op reduce_scatter -o avg.
+// (allreduce, reduce_scatter) alike, e.g. --op reduce_scatter -o avg. With --device, thc schemes
+// reduce-scatter device buffers (the device codec on the engine's stream path) and --scheme none
+// stages the floats through host memory around MPI_Reduce_scatter_block.
 #include <mpi.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -444,7 +446,7 @@ int main(int argc, char** argv) {
 #else
   if (o.device) die_all("--device: this build has no CUDA (configure with THC_WITH_CUDA)");
 #endif
-  if (o.rs && (o.device || o.nccl)) die_all("--op reduce_scatter runs on host buffers (no --device, --nccl)");
+  if (o.rs && o.nccl) die_all("--op reduce_scatter runs over MPI or thc (no --nccl)");
   const bool avg = o.op == "avg";
   thc_scheme_t scheme = THC_SCHEME_THC;
   if (o.scheme == "uhc") scheme = THC_SCHEME_UHC;
@@ -666,6 +668,10 @@ int main(int argc, char** argv) {
         if (none || bf16) {
           const void* s = send.data();
           void* r = recv.data();
+          if (o.device) {  // (bf16 takes host buffers only)
+            copy(stage.data(), dsend, bytes, false);
+            s = stage.data();
+          }
           MPI_Datatype t = mdt;
           MPI_Op op = mop;
           if (bf16) {
@@ -684,7 +690,9 @@ int main(int argc, char** argv) {
               reinterpret_cast<float*>(recv.data())[i] = bf16_to_float(b16[count + i]);
           if (avg)
             for (size_t i = 0; i < shard; ++i) store(recv.data(), ti.thc, i, load(recv.data(), ti.thc, i) / g_size);
-        } else if (const thc_status_t st = thc_reduce_scatter(scheme, send.data(), recv.data(), shards.data(), ti.thc,
+          if (o.device) copy(drecv, recv.data(), shard * ti.size, true);
+        } else if (const thc_status_t st = thc_reduce_scatter(scheme, o.device ? dsend : send.data(),
+                                                              o.device ? drecv : recv.data(), shards.data(), ti.thc,
                                                               top, tc, state);
                    st != THC_SUCCESS) {
           die(std::string("thc_reduce_scatter returned ") + status_name(st) + ": " + thc_last_error());
