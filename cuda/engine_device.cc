@@ -290,7 +290,7 @@ class StreamWork final : public engine::DeviceStream {
     runs_.push_back({at, bytes});
   }
 
-  void codes_to_host(const codec::Codec&, bool, void* out) override {
+  void codes_to_host(void* out) override {
     if (runs_.empty()) return;
     size_t lo = runs_[0].at, hi = 0;
     for (const ByteRun& r : runs_) {
@@ -493,9 +493,7 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
   const uint32_t round = eng.exchange_prelude(plan, h_pre, h_pre[nb] == 0);
   THC_ENGINE_CUDA(cudaMemcpyAsync(d_stats, h_pre, nb * sizeof(float), cudaMemcpyHostToDevice, stream));
 
-  Rng rng;
-  rng.seed = plan.rng.seed;
-  rng.rank = plan.rng.rank;
+  Rng rng = rng_of(plan.rng);
   rng.round = round;
   size_t codec_temp = w.codec_temp_bytes;
   void* const d_codec_temp = dbase + w.d_codec_temp;
@@ -506,7 +504,6 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
     std::unique_ptr<transport::Request> req;
   };
   Slot slots[2];
-  auto chunk_wire = [&](uint64_t b0, uint64_t nblk) { return (nblk - 1) * B + lay.wire(b0 + nblk - 1); };
 
   auto finish = [&](int si) {
     Slot& s = slots[si];
@@ -551,7 +548,7 @@ void Session::allreduce(engine::Engine& eng, const CallPlan& plan, const void* s
     Slot& s = slots[cur];
     s.b0 = b0;
     s.nblk = run;
-    s.wire = chunk_wire(b0, s.nblk);
+    s.wire = run_wire(lay, b0, s.nblk);
     const uint64_t first = b0 * B;
     const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
     const char* xs = static_cast<const char*>(send) + first * esz;

@@ -56,7 +56,7 @@ class DeviceStream {
                       int keep_slot, uint64_t xoff) = 0;
   // The codes of the runs encoded since the last call into out (the chunk's host buffer, at the
   // runs' own offsets; the bytes between them untouched), once they are written.
-  virtual void codes_to_host(const codec::Codec& cod, bool packed, void* out) = 0;
+  virtual void codes_to_host(void* out) = 0;
   // The chunk's sums of wire elements [lo, lo + wire) (host memory at `sums`) to the device.
   virtual void sums_to_device(const codec::Codec& cod, const void* sums, uint64_t lo, uint64_t wire) = 0;
   // Enqueues the decode of `contributors` ranks' sums of a run (at wire element woff of the

@@ -234,6 +234,7 @@ void Engine::run_stream(Stream& st) {
     uint64_t woff = 0;          // first wire element in the chunk (multiple of 8)
     uint64_t xoff = 0;          // first element in the chunk's float buffer
     uint64_t elems = 0;
+    uint64_t wire = 0;          // wire elements
   };
   struct Chunk {
     std::vector<Run> runs;
@@ -254,6 +255,7 @@ void Engine::run_stream(Stream& st) {
     Run& r = c.runs.back();
     r.nblk++;
     r.elems += s.lay.elems(b);
+    r.wire += block_wire(s, b);
     c.wire += block_wire(s, b);
     c.elems += s.lay.elems(b);
   };
@@ -483,10 +485,8 @@ void Engine::run_stream(Stream& st) {
       for (const Run& r : c.runs) {
         const Seg& sg = st.segs[r.seg];
         if (!sg.dev || !sg.recv) continue;
-        uint64_t w = 0;
-        for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
         lo = std::min(lo, r.woff);
-        hi = std::max(hi, r.woff + w);
+        hi = std::max(hi, r.woff + r.wire);
       }
       if (hi > lo) ds->sums_to_device(cod, sums0 + lo * wsz, lo, hi - lo);
     }
@@ -595,9 +595,7 @@ void Engine::run_stream(Stream& st) {
       for (const Run& r : c.runs) {
         Seg& sg = st.segs[r.seg];
         if (!sg.send) continue;
-        uint64_t w = 0;
-        for (uint64_t b = r.b0; b < r.b0 + r.nblk; ++b) w += block_wire(sg, b);
-        wire_own += w;
+        wire_own += r.wire;
         if (sg.dev) {  // enqueued; the chunk's device codes come over below
           ds->encode(cod, sg.lay, sg.g0, r.b0, r.nblk, sg.send, sg.dtype, sg.res, sg.rng, packed_form, r.woff,
                      keep_x && sg.res ? cur : -1, r.xoff);
@@ -619,7 +617,7 @@ void Engine::run_stream(Stream& st) {
         });
       }
       if (ds) {
-        ds->codes_to_host(cod, packed_form, packed_form ? static_cast<void*>(s.packed.data()) : s.sums.data());
+        ds->codes_to_host(packed_form ? static_cast<void*>(s.packed.data()) : s.sums.data());
         if (pending) pending->req->test();
       }
       wire_total += c.wire;

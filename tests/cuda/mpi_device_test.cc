@@ -57,6 +57,21 @@ class MpiDeviceTest : public ::testing::Test {
     if (host_ != MPI_COMM_NULL) MPI_Comm_free(&host_);
     if (dev_ != MPI_COMM_NULL) MPI_Comm_free(&dev_);
   }
+  // A flat communicator on host_ and a hierarchical one on dev_ (2 hosts emulated: all ranks but
+  // the last, and the last), same seed.
+  void flat_and_hier(thc_comm_t* flat, thc_comm_t* hier) {
+    thc_config_t flat_cfg;
+    ASSERT_EQ(thc_config_init(&flat_cfg), THC_SUCCESS);
+    flat_cfg.hier = 0;
+    thc_config_t hier_cfg = flat_cfg;
+    hier_cfg.hier = 1;
+    std::snprintf(hier_cfg.hier_hosts, sizeof hier_cfg.hier_hosts, "%d,1", world() - 1);
+    ASSERT_EQ(thc_comm_create_mpi(host_, &flat_cfg, flat), THC_SUCCESS) << thc_last_error();
+    ASSERT_EQ(thc_comm_create_mpi(dev_, &hier_cfg, hier), THC_SUCCESS) << thc_last_error();
+    thc_stats_t st;
+    ASSERT_EQ(thc_comm_stats(*hier, &st), THC_SUCCESS);
+    ASSERT_EQ(st.hier_hosts, 2);
+  }
   MPI_Comm host_ = MPI_COMM_NULL, dev_ = MPI_COMM_NULL;
 };
 
@@ -146,18 +161,9 @@ TEST_F(MpiDeviceTest, NonFiniteOnOneRankFailsEverywhere) {
 // also when only some ranks pass device memory. Host-buffer calls stay hierarchical.
 TEST_F(MpiDeviceTest, HierarchicalCommunicatorRunsDeviceCallsFlat) {
   if (world() < 2) GTEST_SKIP() << "needs two ranks";
-  thc_config_t flat_cfg;
-  ASSERT_EQ(thc_config_init(&flat_cfg), THC_SUCCESS);
-  flat_cfg.hier = 0;
-  thc_config_t hier_cfg = flat_cfg;
-  hier_cfg.hier = 1;
-  std::snprintf(hier_cfg.hier_hosts, sizeof hier_cfg.hier_hosts, "%d,1", world() - 1);
   thc_comm_t flat, hier;
-  ASSERT_EQ(thc_comm_create_mpi(host_, &flat_cfg, &flat), THC_SUCCESS) << thc_last_error();
-  ASSERT_EQ(thc_comm_create_mpi(dev_, &hier_cfg, &hier), THC_SUCCESS) << thc_last_error();
+  ASSERT_NO_FATAL_FAILURE(flat_and_hier(&flat, &hier));
   thc_stats_t st;
-  ASSERT_EQ(thc_comm_stats(hier, &st), THC_SUCCESS);
-  ASSERT_EQ(st.hier_hosts, 2);
   const size_t count = 7 * 1024 + 9;
   for (int k = 0; k < 2; ++k) {
     const std::vector<float> x = dyadic(count, 13 * rank() + k);
@@ -195,24 +201,12 @@ TEST_F(MpiDeviceTest, HierarchicalCommunicatorRunsDeviceCallsFlat) {
 // rank 0 passes device memory. Host buffers everywhere keep the hierarchical ways.
 TEST_F(MpiDeviceTest, HierarchicalCommunicatorTakesDeviceBuffersInEveryCall) {
   if (world() < 2) GTEST_SKIP() << "needs two ranks";
-  thc_config_t flat_cfg;
-  ASSERT_EQ(thc_config_init(&flat_cfg), THC_SUCCESS);
-  flat_cfg.hier = 0;
-  thc_config_t hier_cfg = flat_cfg;
-  hier_cfg.hier = 1;
-  std::snprintf(hier_cfg.hier_hosts, sizeof hier_cfg.hier_hosts, "%d,1", world() - 1);
   thc_comm_t flat, hier;
-  ASSERT_EQ(thc_comm_create_mpi(host_, &flat_cfg, &flat), THC_SUCCESS) << thc_last_error();
-  ASSERT_EQ(thc_comm_create_mpi(dev_, &hier_cfg, &hier), THC_SUCCESS) << thc_last_error();
-  thc_stats_t st;
-  ASSERT_EQ(thc_comm_stats(hier, &st), THC_SUCCESS);
-  ASSERT_EQ(st.hier_hosts, 2);
+  ASSERT_NO_FATAL_FAILURE(flat_and_hier(&flat, &hier));
   const int n = world(), me = rank();
   std::vector<size_t> counts;
   size_t total = 0;
   for (int q = 0; q < n; ++q) counts.push_back(2 * 1024 + 100 * q + 3), total += counts.back();
-  size_t off = 0;
-  for (int q = 0; q < me; ++q) off += counts[q];
   thc_state_t ef_flat, ef_hier;
   ASSERT_EQ(thc_state_create(&ef_flat), THC_SUCCESS);
   ASSERT_EQ(thc_state_create(&ef_hier), THC_SUCCESS);
