@@ -583,6 +583,219 @@ TEST(Hier, SmallDevShmDoesNotFailCalls) {
   }
 }
 
+// ---- calls on several tensors: groups and fused nonblocking allreduces run as one stream
+
+// A group's tensors: sizes from below one block to several, one empty, every dtype, in place and
+// not, with and without error feedback.
+struct GroupMember {
+  size_t count;
+  thc_dtype_t dt;
+  bool in_place;
+  bool ef;
+};
+const std::vector<GroupMember> kMembers = {
+    {5000, THC_FLOAT32, false, true},  {0, THC_FLOAT32, false, false},    {1, THC_FLOAT32, false, false},
+    {40003, THC_BFLOAT16, false, true}, {4096, THC_FLOAT32, true, false}, {777, THC_FLOAT16, false, false},
+    {100000, THC_FLOAT32, false, true}, {12, THC_FLOAT64, true, true},    {9000, THC_FLOAT32, false, false},
+};
+
+struct GroupBuffers {
+  std::vector<std::vector<uint8_t>> in, out;
+  std::vector<thc_state_t> states;
+  explicit GroupBuffers(const std::vector<GroupMember>& ms) : in(ms.size()), out(ms.size()), states(ms.size(), nullptr) {
+    for (size_t t = 0; t < ms.size(); ++t)
+      if (ms[t].ef) thc_state_create(&states[t]);
+  }
+  ~GroupBuffers() {
+    for (thc_state_t s : states)
+      if (s) thc_state_destroy(s);
+  }
+  // Inputs of call `call`; the outputs (the inputs, in place) filled with 3.
+  void fill(const std::vector<GroupMember>& ms, int call) {
+    for (size_t t = 0; t < ms.size(); ++t) {
+      const auto dt = thc::capi::to_dtype(ms[t].dt);
+      const auto x = gaussian(ms[t].count, static_cast<uint32_t>(1000 * t + 10 * call + rank()));
+      in[t].assign(ms[t].count * thc::engine::dtype_size(dt), 0);
+      thc::engine::store_from_float(x.data(), ms[t].count, dt, in[t].data(), 0);
+      out[t].assign(in[t].size(), 0);
+      const std::vector<float> three(ms[t].count, 3.0f);
+      thc::engine::store_from_float(three.data(), ms[t].count, dt, out[t].data(), 0);
+    }
+  }
+  std::vector<thc_tensor_t> tensors(const std::vector<GroupMember>& ms) {
+    std::vector<thc_tensor_t> ts;
+    for (size_t t = 0; t < ms.size(); ++t) {
+      if (ms[t].in_place) out[t] = in[t];
+      ts.push_back(thc_tensor_t{ms[t].in_place ? THC_IN_PLACE : in[t].data(), out[t].data(), ms[t].count, ms[t].dt,
+                                states[t]});
+    }
+    return ts;
+  }
+};
+
+// A group on a hierarchical communicator runs as one stream: one first exchange, the host sums of
+// every tensor in one pass through the arena, and per slice one compressed group (the flat
+// engine's stream path) over the tensors' pieces. Each piece keeps its tensor's slicing, so every
+// result and residual is bit for bit that of the separate calls, also when the group is larger
+// than the host's shared memory (rounds). (Before, a group ran tensor by tensor.)
+TEST(Hier, GroupsRunAsOneStreamWithTheSeparateCallsBits) {
+  for (const Layout& lay : multi_layouts()) {
+    for (long arena : {0L, 1L << 20}) {
+      thc_config_t cg = cfg_for(lay), cs = cfg_for(lay);
+      if (arena) cg.hier_arena_bytes = arena;  // ~ 40K floats per slice and rank: the group streams in rounds
+      thc_comm_t grouped = make(cg), separate = make(cs);
+      ASSERT_EQ(hier_hosts(grouped), lay.hosts());
+      GroupBuffers g(kMembers), s(kMembers);
+      int groups = 0;
+      for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
+        for (int call = 0; call < 2; ++call) {
+          const thc_op_t op = call ? THC_OP_AVG : THC_OP_SUM;
+          g.fill(kMembers, call);
+          s.fill(kMembers, call);
+          std::vector<thc_tensor_t> tg = g.tensors(kMembers), ts = s.tensors(kMembers);
+          ASSERT_EQ(thc_allreduce_group(scheme, tg.data(), tg.size(), op, grouped), THC_SUCCESS) << thc_last_error();
+          ++groups;
+          for (const thc_tensor_t& t : ts)
+            ASSERT_EQ(thc_allreduce_scheme(scheme, t.sendbuf, t.recvbuf, t.count, t.dtype, op, separate, t.state),
+                      THC_SUCCESS)
+                << thc_last_error();
+          for (size_t t = 0; t < kMembers.size(); ++t) {
+            const std::string what = lay.str() + " arena " + std::to_string(arena) + " scheme " +
+                                     std::to_string(scheme) + " call " + std::to_string(call) + " tensor " +
+                                     std::to_string(t);
+            EXPECT_EQ(g.out[t], s.out[t]) << what;
+            if (kMembers[t].ef) {
+              EXPECT_EQ(g.states[t]->ef.residual, s.states[t]->ef.residual) << what;
+              EXPECT_EQ(g.states[t]->ef.count, s.states[t]->ef.count) << what;
+            }
+          }
+        }
+      }
+      thc_stats_t a, b;
+      thc_comm_stats(grouped, &a);
+      thc_comm_stats(separate, &b);
+      EXPECT_EQ(a.groups, static_cast<uint64_t>(groups)) << lay.str();
+      EXPECT_EQ(a.grouped_tensors, static_cast<uint64_t>(groups) * (kMembers.size() - 1)) << lay.str();
+      EXPECT_EQ(a.calls, b.calls) << lay.str();
+      EXPECT_EQ(a.elements, b.elements) << lay.str();
+      EXPECT_EQ(a.wire_bytes_up, b.wire_bytes_up) << lay.str();
+      EXPECT_EQ(a.wire_bytes_down, b.wire_bytes_down) << lay.str();
+      thc_comm_destroy(grouped);
+      thc_comm_destroy(separate);
+    }
+  }
+}
+
+// What fails a group fails it on every rank before any output is written, with the residuals
+// as they were, and the communicator goes on: NaN/Inf in one tensor on one rank, counts that
+// differ per tensor (with the same total), a host sum that overflows in one tensor only.
+TEST(Hier, GroupFailuresFailEveryRankBeforeOutput) {
+  const std::vector<GroupMember> ms = {
+      {9000, THC_FLOAT32, false, false}, {20000, THC_FLOAT32, false, true}, {4096, THC_FLOAT32, false, false}};
+  for (const Layout& lay : multi_layouts()) {
+    thc_comm_t comm = make(cfg_for(lay));
+    GroupBuffers g(ms);
+    g.fill(ms, 0);
+    std::vector<thc_tensor_t> ts = g.tensors(ms);
+    ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_SUCCESS)
+        << thc_last_error();
+    const std::vector<float> residual = g.states[1]->ef.residual;
+    auto untouched = [&](const std::string& what) {
+      for (size_t t = 0; t < ms.size(); ++t) {
+        std::vector<float> got(ms[t].count);
+        thc::engine::load_as_float(g.out[t].data(), thc::engine::DType::kF32, 0, ms[t].count, nullptr, got.data());
+        EXPECT_EQ(got, std::vector<float>(ms[t].count, 3.0f)) << lay.str() << " " << what << " tensor " << t;
+      }
+      EXPECT_EQ(g.states[1]->ef.residual, residual) << lay.str() << " " << what << " rank " << rank();
+    };
+
+    // NaN on the last rank (it may only contribute), in the last tensor.
+    g.fill(ms, 1);
+    if (rank() == world() - 1) reinterpret_cast<float*>(g.in[2].data())[17] = std::nanf("");
+    ts = g.tensors(ms);
+    EXPECT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_ERR_NONFINITE)
+        << thc_last_error();
+    untouched("NaN");
+
+    // The first two tensors swapped on one rank (the same total count).
+    g.fill(ms, 2);
+    ts = g.tensors(ms);
+    for (auto& t : ts) t.state = nullptr;
+    if (rank() == world() - 1) std::swap(ts[0], ts[1]);
+    EXPECT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_ERR_CONFIG_MISMATCH)
+        << thc_last_error();
+    EXPECT_NE(std::string(thc_last_error()).find("tensors"), std::string::npos) << thc_last_error();
+    untouched("counts");
+
+    // A host sum that overflows float32 in the error-feedback tensor only: the compressed stage
+    // of that slice fails, and with it every rank, before output.
+    if (lay.sizes[0] >= 2) {
+      g.fill(ms, 3);
+      if (lay.host_of(rank()) == 0 && lay.local_rank(rank()) < 2) reinterpret_cast<float*>(g.in[1].data())[19990] = 3e38f;
+      ts = g.tensors(ms);
+      EXPECT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_ERR_NONFINITE)
+          << thc_last_error();
+      untouched("host sum overflow");
+    }
+
+    g.fill(ms, 4);
+    ts = g.tensors(ms);
+    EXPECT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_SUCCESS)
+        << thc_last_error();
+    EXPECT_TRUE(same_on_every_rank(std::vector<float>(reinterpret_cast<float*>(g.out[1].data()),
+                                                      reinterpret_cast<float*>(g.out[1].data()) + ms[1].count)));
+    thc_comm_destroy(comm);
+  }
+}
+
+// Nonblocking allreduces started back to back on a hierarchical communicator fuse into groups
+// (Horovod's cycle), as on a flat one, with the bits of the blocking calls. Needs
+// MPI_THREAD_MULTIPLE (its own ctest entry); below it, calls complete inside their start call.
+TEST(Hier, NonblockingAllreducesFuse) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE: THC_TEST_THREAD_MULTIPLE=1";
+  std::vector<GroupMember> ms;
+  for (const GroupMember& m : kMembers)
+    if (m.count) ms.push_back(m);
+  for (const Layout& lay : multi_layouts()) {
+    thc_config_t cf = cfg_for(lay), cb = cfg_for(lay);
+    cf.fusion_bytes = 1 << 30;
+    cf.fusion_cycle_ms = 300;
+    thc_comm_t fused = make(cf), blocking = make(cb);
+    GroupBuffers f(ms), b(ms);
+    for (int it = 0; it < 2; ++it) {
+      f.fill(ms, it);
+      b.fill(ms, it);
+      std::vector<thc_tensor_t> tf = f.tensors(ms), tb = b.tensors(ms);
+      std::vector<thc_request_t> reqs(ms.size(), THC_REQUEST_NULL);
+      for (size_t t = 0; t < ms.size(); ++t)
+        ASSERT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, tf[t].sendbuf, tf[t].recvbuf, tf[t].count, tf[t].dtype,
+                                        THC_OP_AVG, fused, tf[t].state, &reqs[t]),
+                  THC_SUCCESS)
+            << thc_last_error();
+      std::vector<thc_status_t> sts(ms.size());
+      ASSERT_EQ(thc_waitall(reqs.size(), reqs.data(), sts.data()), THC_SUCCESS) << thc_last_error();
+      for (const thc_tensor_t& t : tb)
+        ASSERT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, t.sendbuf, t.recvbuf, t.count, t.dtype, THC_OP_AVG, blocking,
+                                       t.state),
+                  THC_SUCCESS)
+            << thc_last_error();
+      for (size_t t = 0; t < ms.size(); ++t) {
+        EXPECT_EQ(f.out[t], b.out[t]) << lay.str() << " iteration " << it << " tensor " << t;
+        if (ms[t].ef) EXPECT_EQ(f.states[t]->ef.residual, b.states[t]->ef.residual) << lay.str() << " tensor " << t;
+      }
+    }
+    thc_stats_t st;
+    thc_comm_stats(fused, &st);
+    EXPECT_EQ(st.calls, 2 * ms.size()) << lay.str();
+    EXPECT_EQ(st.groups, 2u) << lay.str() << ": a 300 ms cycle fuses each iteration's calls";
+    EXPECT_EQ(st.grouped_tensors, 2 * ms.size()) << lay.str();
+    thc_comm_destroy(fused);
+    thc_comm_destroy(blocking);
+  }
+}
+
 // A peer that never calls: every wait is bounded by THC_TIMEOUT_MS; the communicator then
 // refuses later calls. Its own ctest entry (the abandoned operations stay with MPI).
 TEST(Hier, PeerThatNeverCallsGivesTimeout) {
