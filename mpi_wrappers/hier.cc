@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -422,21 +423,14 @@ class HierComm final : public capi::Composite {
     return b;
   }
 
-  // Calls on several tensors. With device buffers on some rank they run on the flat engine's
-  // stream path on every rank (the device codec per tensor; a real reduce-scatter and allgather,
-  // one stream per group); with host buffers everywhere, the composite's ways through the
-  // hierarchical allreduce. Deciding takes a first exchange of its own (the allreduce's words:
-  // a rank's failure before it, the codec, count and op, the call sequence).
+  // A group runs as one call (run): one first exchange, every tensor's host sums in one pass
+  // through the arena, and per slice one compressed group over the tensors' pieces. With device
+  // buffers on some rank it runs on the flat engine's stream path on every rank. Reduce-scatter
+  // and allgather: with device buffers on some rank the flat engine's (a real reduce-scatter and
+  // allgather, one stream), else the composite's ways through the hierarchical allreduce;
+  // deciding takes a first exchange of its own (the allreduce's words).
   void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) override {
-    std::vector<const void*> ptrs;
-    uint64_t count = 0;
-    for (size_t i = 0; i < n; ++i) {
-      ptrs.push_back(ts[i].send);
-      ptrs.push_back(ts[i].recv);
-      count += ts[i].count;
-    }
-    if (!device_call(scheme, count, mean, ptrs)) return Composite::allreduce_group(scheme, ts, n, mean);
-    on_flat([&](engine::Engine& e) { e.allreduce_group(scheme, ts, n, mean); });
+    run(scheme, ts, n, mean, true);
   }
   void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, engine::DType dtype,
                       bool mean, engine::ErrorFeedback* ef) override {
@@ -454,7 +448,7 @@ class HierComm final : public capi::Composite {
   void fail_call(const Error& why) override {
     if (w_.broken) return;  // nothing can be exchanged any more: the caller reports its own error
     const uint32_t round = round_++;
-    const std::vector<Field> fields = call_fields(nullptr, 0, false, round);
+    const std::vector<Field> fields = call_fields(nullptr, 0, false, round, 0);
     std::vector<uint32_t> hdr = words(fields, rank_, &why);
     try {
       w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
@@ -464,39 +458,84 @@ class HierComm final : public capi::Composite {
     }
   }
 
+  // Nonblocking allreduces fuse into groups (requests.cc).
+  bool fuses() const override { return true; }
+  void max_u32(uint32_t* w, size_t n) override {
+    w_.check_usable();
+    w_.max_u32(ctl_, w, n, "agreeing on the calls to fuse (MPI_Iallreduce)");
+  }
+
   void allreduce(codec::Scheme scheme, const void* send, void* recv, uint64_t count, engine::DType dtype, bool mean,
                  engine::ErrorFeedback* ef) override {
-    if (count == 0) return;
+    const engine::Tensor t{send, recv, count, dtype, ef};
+    run(scheme, &t, 1, mean, false);
+  }
+
+ private:
+  // A call on n tensors (group: a group's, else one allreduce's): every tensor is sliced as a
+  // call on it alone would be, and slice l of the call holds the tensors' slices l one after
+  // another (Piece). The compressed stage of slice l is one call of the inner engine on its
+  // pieces (a group, on the engine's stream path: each piece's bits are those of its own call),
+  // so a group's results are bit for bit those of its tensors' separate calls.
+  void run(codec::Scheme scheme, const engine::Tensor* given, size_t n, bool mean, bool group) {
+    uint64_t count = 0;
+    size_t nonempty = 0;
+    uint64_t tensors = 0;  // a group's tensors: their counts in order (agreed like the count)
+    if (group) tensors = engine::digest_mix(0, 1);
+    for (size_t i = 0; i < n; ++i) {
+      count += given[i].count;
+      if (given[i].count == 0) continue;
+      ++nonempty;
+      if (group) tensors = engine::digest_mix(tensors, given[i].count);
+    }
+    if (group) tensors |= 1;
+    if (count == 0) return;  // as a call of count 0: no exchange, on any rank
     w_.check_usable();
     // The counter advances before anything can fail, so every rank counts every call alike.
     const uint32_t round = round_++;
     std::unique_ptr<Error> own;
     bool finite = true, device = false, wrote = false;
     const codec::Codec* cod = nullptr;
+    std::vector<engine::Tensor> ts(given, given + n);
     Slices sl;
     capture(&own, [&] {
-      if (!recv) fail(Status::kInvalidArgument, "allreduce: recvbuf is NULL");
-      if (!send || send == THC_IN_PLACE) send = recv;
+      for (size_t i = 0; i < n; ++i) {
+        engine::Tensor& t = ts[i];
+        if (t.count == 0) continue;
+        if (!t.recv)
+          fail(Status::kInvalidArgument, group ? "tensor " + std::to_string(i) + ": recvbuf is NULL"
+                                               : std::string("allreduce: recvbuf is NULL"));
+        if (!t.send || t.send == THC_IN_PLACE) t.send = t.recv;
+      }
       cod = &codec_for(scheme);  // a configuration that overflows fails here, before exchanging
-      device = engine::is_device_buffer(send) || engine::is_device_buffer(recv);
+      for (const engine::Tensor& t : ts)
+        if (t.count && (engine::is_device_buffer(t.send) || engine::is_device_buffer(t.recv))) device = true;
       if (device) return;  // the flat engine checks the rest
-      if (ef && ef->count != 0 && ef->count != count)
-        fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(ef->count) +
-                                           ", used with count " + std::to_string(count));
-      if (ef && ef->device)
-        fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
-      sl = slices(count);
+      std::set<const engine::ErrorFeedback*> efs;
+      for (size_t i = 0; i < n; ++i) {
+        const engine::ErrorFeedback* ef = ts[i].ef;
+        if (!ef || ts[i].count == 0) continue;
+        const std::string who = group ? "tensor " + std::to_string(i) + ": " : "";
+        if (ef->count != 0 && ef->count != ts[i].count)
+          fail(Status::kInvalidArgument, who + "error-feedback state was bound to count " + std::to_string(ef->count) +
+                                             ", used with count " + std::to_string(ts[i].count));
+        if (ef->device)
+          fail(Status::kInvalidArgument, who + "error-feedback state was bound to device buffers, used with host buffers");
+        if (!efs.insert(ef).second)
+          fail(Status::kInvalidArgument, who + "shares its error-feedback state with an earlier tensor of the group");
+      }
+      sl = slices(ts.data(), n);
       // With room in the arena for the whole call, the input the other slice owners read goes
       // there now (converted and checked in one pass; this rank's own slice stays in sendbuf);
       // the exchange below then also orders every rank's write before any read of it.
       if (sl.maxlen <= window()) {
-        finite = put_input(send, dtype, sl, true);
+        finite = put_input(ts.data(), sl, true);
         wrote = true;
       } else {
-        finite = check_finite(send, dtype, 0, count);
+        for (int i = 0; i < slices_; ++i) finite &= check_finite(ts.data(), sl.p[i], 0, sl.len[i]);
       }
     });
-    const std::vector<Field> fields = call_fields(cod, count, mean, round);
+    const std::vector<Field> fields = call_fields(cod, count, mean, round, tensors);
     std::vector<uint32_t> hdr = words(fields, rank_, own.get());
     if (!finite) engine::put_rank(&hdr[kWordRanks], rank_);
     hdr[kWordDevice] = device ? 1u : 0u;
@@ -507,7 +546,13 @@ class HierComm final : public capi::Composite {
 
     if (hdr[kWordDevice] != 0) {
       // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
-      on_flat([&](engine::Engine& e) { e.allreduce(scheme, send, recv, count, dtype, mean, ef); });
+      on_flat([&](engine::Engine& e) {
+        if (group) {
+          e.allreduce_group(scheme, given, n, mean);
+        } else {
+          e.allreduce(scheme, given[0].send, given[0].recv, given[0].count, given[0].dtype, mean, given[0].ef);
+        }
+      });
       return;
     }
 
@@ -517,20 +562,22 @@ class HierComm final : public capi::Composite {
     if (!wrote) {
       if (sl.maxlen > window()) grow(sl.maxlen);
       if (sl.maxlen <= window()) {
-        put_input(send, dtype, sl, false);
+        put_input(ts.data(), sl, false);
         barrier("every rank's input written");
         single = true;
       }
     }
     const uint64_t w = window();
     const bool owner = lrank_ < slices_;
-    const uint64_t f = owner ? sl.f[lrank_] : 0, len = owner ? sl.e[lrank_] - f : 0;
+    const std::vector<Piece> none;
+    const std::vector<Piece>& mine = owner ? sl.p[static_cast<size_t>(lrank_)] : none;
+    const uint64_t len = owner ? sl.len[static_cast<size_t>(lrank_)] : 0;
     float* P = nullptr;
     const uint64_t rounds = single ? 1 : (sl.maxlen + w - 1) / w;
     if (single) {
       if (owner) {
         P = output() + lrank_ * w;
-        reduce_slice(send, dtype, f, len, lrank_ * w, P);
+        reduce_slice(ts.data(), mine, 0, len, lrank_ * w, P);
       }
     } else {
       if (owner) {
@@ -539,50 +586,56 @@ class HierComm final : public capi::Composite {
       }
       for (uint64_t k = 0; k < rounds; ++k) {
         if (k) barrier("a round's inputs read");
-        write_round(send, dtype, sl, k, w);
+        write_round(ts.data(), sl, k, w);
         barrier("a round's inputs written");
-        if (owner && k * w < len) reduce_slice(send, dtype, f + k * w, std::min(w, len - k * w), lrank_ * w, P + k * w);
+        if (owner && k * w < len) reduce_slice(ts.data(), mine, k * w, std::min(w, len - k * w), lrank_ * w, P + k * w);
       }
     }
 
-    // ---- the compressed stage on this rank's slice.
+    // ---- the compressed stage on this rank's slice: one inner call on its pieces.
     own.reset();
     uint64_t up = 0, down = 0;
     engine::Algo algo = engine::Algo::kInt;
-    // A failure of any slice fails the call on every rank (below): the residual is then put back
-    // as it was, as if the call had not been made (the successful slices advanced theirs).
-    const bool ef_bound = ef && ef->count != 0;
-    std::vector<float> ef_saved;
-    if (owner && ef_bound) ef_saved.assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(len));
-    if (owner) {
-      engine::ErrorFeedback sub;
-      // The slice's residual sits at the front of the state's vector, which keeps `count`
-      // elements (as the flat engine's would) so the state stays safe to hand to any call.
-      if (ef) {
-        sub.count = ef->count == 0 ? 0 : len;
-        sub.residual = std::move(ef->residual);
-      }
+    // A failure of any slice fails the call on every rank (below): the residuals are then put
+    // back as they were, as if the call had not been made (the successful slices advanced
+    // theirs). A piece's residual sits at the front of its tensor's state, which keeps the
+    // tensor's count of elements (as the flat engine's would) so it stays safe to hand to any call.
+    std::vector<engine::ErrorFeedback> subs(mine.size());
+    std::vector<std::vector<float>> saved(mine.size());
+    for (size_t j = 0; j < mine.size(); ++j) {
+      engine::ErrorFeedback* ef = ts[mine[j].t].ef;
+      if (!ef) continue;
+      if (ef->count != 0) saved[j].assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(mine[j].len));
+      subs[j].count = ef->count == 0 ? 0 : mine[j].len;
+      subs[j].residual = std::move(ef->residual);
+    }
+    if (!mine.empty()) {
       capture(&own, [&] {
         const engine::EngineStats before = inner_->stats();
-        inner_->allreduce(scheme, P, P, len, engine::DType::kF32, false, ef ? &sub : nullptr);
+        if (mine.size() == 1) {
+          const Piece& p = mine[0];
+          inner_->allreduce(scheme, P + p.o, P + p.o, p.len, engine::DType::kF32, false,
+                            ts[p.t].ef ? &subs[0] : nullptr);
+        } else {
+          std::vector<engine::Tensor> pieces;
+          pieces.reserve(mine.size());
+          for (size_t j = 0; j < mine.size(); ++j)
+            pieces.push_back(engine::Tensor{P + mine[j].o, P + mine[j].o, mine[j].len, engine::DType::kF32,
+                                            ts[mine[j].t].ef ? &subs[j] : nullptr});
+          inner_->allreduce_group(scheme, pieces.data(), pieces.size(), false);
+        }
         const engine::EngineStats& after = inner_->stats();
         up = after.wire_bytes_up - before.wire_bytes_up;
         down = after.wire_bytes_down - before.wire_bytes_down;
         algo = after.last_algo;
         if (mean) {
-          const float s = 1.0f / static_cast<float>(size_);
-          for (uint64_t i = 0; i < len; ++i) P[i] *= s;
+          const float sc = 1.0f / static_cast<float>(size_);
+          for (uint64_t i = 0; i < len; ++i) P[i] *= sc;
         }
       });
-      if (ef) {
-        ef->residual = std::move(sub.residual);
-        if (ef->count == 0 && sub.count != 0) ef->count = count;
-        if (ef->count != 0 && ef->residual.size() < count) ef->residual.resize(count, 0.0f);
-      }
-    } else if (ef && ef->count == 0) {
-      ef->count = count;
-      ef->residual.assign(count, 0.0f);
     }
+    for (size_t j = 0; j < mine.size(); ++j)
+      if (engine::ErrorFeedback* ef = ts[mine[j].t].ef) ef->residual = std::move(subs[j].residual);
     // Every rank learns whether every slice made it before any output is written.
     std::vector<uint32_t> post = words({}, rank_, own.get());
     post.push_back(owner && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
@@ -592,43 +645,65 @@ class HierComm final : public capi::Composite {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       judge(post.data(), {}, rank_, size_, own.get(), false, false, "the compressed stage", w_.naming(ctl_));
     } catch (const Error&) {
-      if (owner && ef) {
-        if (ef_bound) {
-          std::copy(ef_saved.begin(), ef_saved.end(), ef->residual.begin());
+      for (size_t j = 0; j < mine.size(); ++j) {
+        engine::ErrorFeedback* ef = ts[mine[j].t].ef;
+        if (!ef) continue;
+        if (ef->count != 0) {
+          std::copy(saved[j].begin(), saved[j].end(), ef->residual.begin());
         } else {
           ef->residual.clear();
-          ef->count = 0;
         }
       }
       throw;
+    }
+    // Every state of the call is bound to its tensor's count (this rank's slices of it at the front).
+    for (const engine::Tensor& t : ts) {
+      if (!t.ef || t.count == 0) continue;
+      if (t.ef->count == 0) t.ef->count = t.count;
+      if (t.ef->residual.size() < t.count) t.ef->residual.resize(t.count, 0.0f);
     }
 
     // ---- intra-host allgather: every rank reads the reduced slices.
     if (single) {
       for (int i = 0; i < slices_; ++i)
-        engine::store_from_float(output() + static_cast<uint64_t>(i) * w, sl.e[i] - sl.f[i], dtype, recv, sl.f[i]);
+        store_range(ts.data(), sl.p[static_cast<size_t>(i)], 0, sl.len[static_cast<size_t>(i)],
+                    output() + static_cast<uint64_t>(i) * w);
     } else {
       for (uint64_t k = 0; k < rounds; ++k) {
         if (k) barrier("a round's results read");
         if (owner && k * w < len) std::memcpy(output() + lrank_ * w, P + k * w, std::min(w, len - k * w) * sizeof(float));
         barrier("a round's results written");
         for (int i = 0; i < slices_; ++i) {
-          const uint64_t a = sl.f[i] + k * w;
-          if (a < sl.e[i]) engine::store_from_float(output() + static_cast<uint64_t>(i) * w, std::min(w, sl.e[i] - a), dtype, recv, a);
+          const uint64_t a = k * w, li = sl.len[static_cast<size_t>(i)];
+          if (a < li) store_range(ts.data(), sl.p[static_cast<size_t>(i)], a, std::min(w, li - a),
+                                  output() + static_cast<uint64_t>(i) * w);
         }
       }
     }
     if (!single) ++streamed_;
     account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
+    if (group) {
+      stats_.calls += nonempty - 1;
+      if (nonempty > 1) {
+        stats_.groups++;
+        stats_.grouped_tensors += nonempty;
+      }
+    }
   }
 
- private:
+  // Elements [f, f + len) of tensor t, at offset o of its slice.
+  struct Piece {
+    size_t t = 0;
+    uint64_t f = 0, len = 0, o = 0;
+  };
   struct Slices {
-    std::vector<uint64_t> f, e;
+    std::vector<std::vector<Piece>> p;  // by slice, in tensor order
+    std::vector<uint64_t> len;          // by slice: its elements
     uint64_t maxlen = 0;
   };
 
-  std::vector<Field> call_fields(const codec::Codec* cod, uint64_t count, bool mean, uint32_t round) const {
+  std::vector<Field> call_fields(const codec::Codec* cod, uint64_t count, bool mean, uint32_t round,
+                                 uint64_t tensors) const {
     const int block_log2 = engine::log2_exact(cfg_.block);
     const uint64_t chunk_blocks =
         block_log2 < 0 ? 0 : std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / (uint64_t{1} << block_log2));
@@ -640,6 +715,7 @@ class HierComm final : public capi::Composite {
         {"the algorithm (THC_ALGO)", static_cast<uint64_t>(cfg_.algo)},
         {"downstream re-compression (THC_BIDIR)", static_cast<uint64_t>(cfg_.bidir)},
         {"the call sequence (a rank skipped or added a call)", round},
+        {"the tensors of a group (their counts, in order)", tensors},
     };
   }
 
@@ -766,57 +842,98 @@ class HierComm final : public capi::Composite {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
-  // Slice l of a call: whole codec blocks, [f, e); slices cover [0, count).
-  Slices slices(uint64_t count) const {
+  // Slice l of a call: of every tensor, its whole codec blocks [nb l / S, nb (l + 1) / S), as a
+  // call on that tensor alone slices it; the slices cover every tensor.
+  Slices slices(const engine::Tensor* ts, size_t n) const {
     Slices s;
+    s.p.resize(static_cast<size_t>(slices_));
+    s.len.assign(static_cast<size_t>(slices_), 0);
     const int lg = engine::log2_exact(cfg_.block);
-    const uint64_t B = uint64_t{1} << (lg < 0 ? 0 : lg), nb = (count + B - 1) / B;
-    for (int l = 0; l < slices_; ++l) {
-      s.f.push_back(std::min(count, nb * static_cast<uint64_t>(l) / static_cast<uint64_t>(slices_) * B));
-      s.e.push_back(std::min(count, nb * static_cast<uint64_t>(l + 1) / static_cast<uint64_t>(slices_) * B));
-      s.maxlen = std::max(s.maxlen, s.e.back() - s.f.back());
+    const uint64_t B = uint64_t{1} << (lg < 0 ? 0 : lg), S = static_cast<uint64_t>(slices_);
+    for (size_t t = 0; t < n; ++t) {
+      const uint64_t count = ts[t].count, nb = (count + B - 1) / B;
+      for (uint64_t l = 0; l < S; ++l) {
+        const uint64_t f = std::min(count, nb * l / S * B), e = std::min(count, nb * (l + 1) / S * B);
+        if (e <= f) continue;
+        s.p[l].push_back(Piece{t, f, e - f, s.len[l]});
+        s.len[l] += e - f;
+      }
     }
+    for (uint64_t v : s.len) s.maxlen = std::max(s.maxlen, v);
     return s;
+  }
+
+  // fn(piece, first element of its tensor, elements, offset from a) for each part of the slice's
+  // elements [a, a + n) (ps: the slice's pieces).
+  template <typename Fn>
+  static void each_part(const std::vector<Piece>& ps, uint64_t a, uint64_t n, Fn&& fn) {
+    auto it = std::upper_bound(ps.begin(), ps.end(), a, [](uint64_t v, const Piece& p) { return v < p.o; });
+    if (it != ps.begin()) --it;
+    for (; it != ps.end() && it->o < a + n; ++it) {
+      const uint64_t lo = std::max(a, it->o), hi = std::min(a + n, it->o + it->len);
+      if (lo < hi) fn(*it, it->f + (lo - it->o), hi - lo, lo - a);
+    }
+  }
+  // The slice's elements [a, a + n) as float32 into dst; with `check`, whether all are finite.
+  static bool load_range(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n, float* dst,
+                         bool check) {
+    bool ok = true;
+    each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t at) {
+      const engine::Tensor& t = ts[p.t];
+      if (check) {
+        ok &= load_checked(t.send, t.dtype, first, m, dst + at);
+      } else {
+        engine::load_as_float(t.send, t.dtype, first, m, nullptr, dst + at);
+      }
+    });
+    return ok;
+  }
+  // src (the slice's elements [a, a + n)) into the tensors' recvbufs.
+  static void store_range(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n,
+                          const float* src) {
+    each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t at) {
+      const engine::Tensor& t = ts[p.t];
+      engine::store_from_float(src + at, m, t.dtype, t.recv, first);
+    });
   }
 
   // The whole call in one round: this rank's input outside its own slice into its segment, as
   // float32; with `check`, whether every element (the own slice's included) is finite.
-  bool put_input(const void* send, engine::DType dtype, const Slices& sl, bool check) {
+  bool put_input(const engine::Tensor* ts, const Slices& sl, bool check) {
     const uint64_t w = window();
     bool ok = true;
     for (int i = 0; i < slices_; ++i) {
-      float* dst = input(lrank_) + static_cast<uint64_t>(i) * w;
+      const size_t si = static_cast<size_t>(i);
       if (i == lrank_) {
-        if (check) ok &= check_finite(send, dtype, sl.f[i], sl.e[i] - sl.f[i]);
-      } else if (check) {
-        ok &= load_checked(send, dtype, sl.f[i], sl.e[i] - sl.f[i], dst);
+        if (check) ok &= check_finite(ts, sl.p[si], 0, sl.len[si]);
       } else {
-        engine::load_as_float(send, dtype, sl.f[i], sl.e[i] - sl.f[i], nullptr, dst);
+        ok &= load_range(ts, sl.p[si], 0, sl.len[si], input(lrank_) + static_cast<uint64_t>(i) * w, check);
       }
     }
     return ok;
   }
-  // Round k of a call that does not fit: each slice's elements [f + k w, f + (k+1) w).
-  void write_round(const void* send, engine::DType dtype, const Slices& sl, uint64_t k, uint64_t w) {
+  // Round k of a call that does not fit: each slice's elements [k w, (k+1) w).
+  void write_round(const engine::Tensor* ts, const Slices& sl, uint64_t k, uint64_t w) {
     for (int i = 0; i < slices_; ++i) {
-      if (i == lrank_) continue;
-      const uint64_t a = sl.f[i] + k * w;
-      if (a >= sl.e[i]) continue;
-      engine::load_as_float(send, dtype, a, std::min(w, sl.e[i] - a), nullptr, input(lrank_) + static_cast<uint64_t>(i) * w);
+      const size_t si = static_cast<size_t>(i);
+      const uint64_t a = k * w;
+      if (i == lrank_ || a >= sl.len[si]) continue;
+      load_range(ts, sl.p[si], a, std::min(w, sl.len[si] - a), input(lrank_) + static_cast<uint64_t>(i) * w, false);
     }
   }
 
-  bool check_finite(const void* send, engine::DType dtype, uint64_t first, uint64_t n) {
+  bool check_finite(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n) {
     scratch_.resize(kPiece);
     bool ok = true;
     for (uint64_t off = 0; off < n; off += kPiece)
-      ok &= load_checked(send, dtype, first + off, std::min(kPiece, n - off), scratch_.data());
+      ok &= load_range(ts, ps, a + off, std::min(kPiece, n - off), scratch_.data(), true);
     return ok;
   }
 
-  // out[i] = sum over the host's ranks j, in order, of their element first + i (this rank's own
-  // from sendbuf, the others' from their segments at `at`)
-  void reduce_slice(const void* send, engine::DType dtype, uint64_t first, uint64_t n, uint64_t at, float* out) {
+  // out[i] = sum over the host's ranks j, in order, of their element a + i of this rank's slice
+  // (its own from the tensors, the others' from their segments at `at`)
+  void reduce_slice(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n, uint64_t at,
+                    float* out) {
     scratch_.resize(kPiece);
     for (uint64_t off = 0; off < n; off += kPiece) {
       const uint64_t m = std::min(kPiece, n - off);
@@ -824,7 +941,7 @@ class HierComm final : public capi::Composite {
       for (int j = 0; j < lsize_; ++j) {
         const float* x = input(j) + at + off;
         if (j == lrank_) {
-          engine::load_as_float(send, dtype, first + off, m, nullptr, scratch_.data());
+          load_range(ts, ps, a + off, m, scratch_.data(), false);
           x = scratch_.data();
         }
         if (j == 0) {
@@ -855,7 +972,7 @@ class HierComm final : public capi::Composite {
       for (const void* p : ptrs)
         if (p && p != THC_IN_PLACE && engine::is_device_buffer(p)) device = true;
     });
-    const std::vector<Field> fields = call_fields(cod, count, mean, round);
+    const std::vector<Field> fields = call_fields(cod, count, mean, round, 0);
     std::vector<uint32_t> hdr = words(fields, rank_, own.get());
     hdr[kWordDevice] = device ? 1u : 0u;
     w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
@@ -922,7 +1039,7 @@ const char* hier_name(int v) { return v < 0 ? "auto" : (v == 0 ? "0" : "1"); }
 
 }  // namespace
 
-std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg) {
+std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg, bool* fusing) {
   int inter = 0;
   THC_CHECK_MPI(PMPI_Comm_test_inter(comm, &inter));
   if (inter) return nullptr;  // the flat backend says what is unsupported
@@ -966,8 +1083,10 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
                                      {"THC_HIER_HOSTS", hh},
                                      {"THC_HIER_ARENA_BYTES", static_cast<uint64_t>(cfg.hier_arena_bytes)}};
   std::vector<uint32_t> agree = words(fields, rank, own.get());
+  agree.push_back(cfg.fusion_bytes > 0 ? 1u : 0u);  // whether some rank fuses nonblocking calls
   w.max_u32(ctl, agree.data(), agree.size(), "creating the communicator (MPI_Iallreduce)");
   judge(agree.data(), fields, rank, size, own.get(), false, false, "while creating the communicator", w.naming(ctl));
+  if (fusing) *fusing = agree.back() != 0;
 
   auto say = [&](const std::string& what) {
     if (cfg.debug && rank == 0)

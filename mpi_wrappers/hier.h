@@ -21,9 +21,13 @@
 // any output is written (and the residual stays as it was); every wait bounded by
 // THC_TIMEOUT_MS, and nothing blocks in MPI (no communicator is split: MPI_Comm_split cannot be
 // bounded). Error feedback applies to the compressed stage (the residual of slice i lives on
-// local rank i). Device buffers on any rank make the call run flat (the engine's GPU path) on
-// every rank; so do groups, reduce-scatter and allgather (the flat engine's stream path), which
-// with host buffers everywhere go through the hierarchical allreduce.
+// local rank i). A group (thc_allreduce_group, fused nonblocking allreduces) is one such call:
+// each tensor sliced as its own call would be, slice i holding the tensors' slices i one after
+// another, one pass through the arena, and per slice one compressed group (the engine's stream
+// path) over the pieces, so the results are bit for bit those of the separate calls. Device
+// buffers on any rank make the call run flat (the engine's GPU path) on every rank; so do
+// reduce-scatter and allgather (the flat engine's stream path), which with host buffers
+// everywhere go through the hierarchical allreduce.
 #pragma once
 
 #include <mpi.h>
@@ -38,7 +42,8 @@ namespace thc::mpi {
 // THC_HIER_HOSTS, THC_HIER_ARENA_BYTES; every rank the same way, a disagreement is
 // kConfigMismatch on every rank; a host without shared memory makes it flat) and returns what
 // runs them, or nullptr for the flat engine. THC_DEBUG: rank 0 prints the decision and the
-// layout. Throws thc::Error.
-std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg);
+// layout. *fusing (if given; left alone for an intercommunicator): whether some rank has
+// THC_FUSION_BYTES > 0, agreed in the same exchange, hierarchical or flat. Throws thc::Error.
+std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cfg, bool* fusing = nullptr);
 
 }  // namespace thc::mpi

@@ -278,6 +278,7 @@ thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_com
   std::unique_ptr<thc::transport::Reducer> r;
   std::unique_ptr<thc::capi::Composite> hier;
   thc_config_t c;
+  bool fusing = true;  // whether some rank fuses nonblocking calls (agreed in make_hier)
   const thc_status_t st = thc::capi::guard("thc_comm_create_mpi", [&] {
     if (comm == MPI_COMM_NULL) thc::fail(thc::Status::kInvalidArgument, "MPI_COMM_NULL");
     if (!out) thc::fail(thc::Status::kInvalidArgument, "comm is NULL");
@@ -288,7 +289,7 @@ thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_com
     }
     // Several ranks per host: a float reduction inside each host around a compressed stage
     // across hosts (THC_HIER, mpi_wrappers/hier.h); otherwise one engine over all ranks.
-    hier = thc::mpi::make_hier(comm, c);
+    hier = thc::mpi::make_hier(comm, c, &fusing);
     if (!hier) r = thc::transport::make_mpi_reducer(comm, c.timeout_ms);
   });
   if (st != THC_SUCCESS) return st;
@@ -300,6 +301,7 @@ thc_status_t thc_comm_create_mpi(MPI_Comm comm, const thc_config_t* cfg, thc_com
     int provided = MPI_THREAD_SINGLE;
     PMPI_Query_thread(&provided);
     (*out)->inline_requests = provided < MPI_THREAD_MULTIPLE;
+    (*out)->fusion_off = !fusing;
   }
   return made;
 }

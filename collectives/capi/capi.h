@@ -25,8 +25,8 @@ class Composite {
   // A call (with elements) that failed before it reached the composite on a free communicator (an
   // argument the C API refused, blocking or not): counts it and takes part in its first exchange,
   // so that every rank fails it with `why.status()` (Engine::fail_call). Counts as one call even
-  // for a group or shards: a composite runs calls on several tensors one by one and stops at the
-  // first failure, on every rank alike.
+  // for a group or shards: a composite runs a group as one call, and shards (the defaults below)
+  // as one allreduce.
   virtual void fail_call(const Error& why) = 0;
   virtual engine::EngineStats stats() const = 0;
   // Hosts the compressed stage spans (thc_stats_t::hier_hosts).
@@ -36,12 +36,18 @@ class Composite {
   // Calls on several tensors (requests.cc has the defaults): a group as one allreduce per tensor
   // (stopping at the first failure), reduce-scatter as an allreduce of the whole input of which
   // this rank keeps its shard, allgather as an allreduce of the shards zero-padded to the whole
-  // (no error feedback). Correct, not fast: a composite that can do better overrides them.
+  // (no error feedback). Correct, not fast: a composite that can do better overrides them (the
+  // hierarchical communicator runs a group as one call).
   virtual void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean);
   virtual void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
                               engine::DType dtype, bool mean, engine::ErrorFeedback* ef);
   virtual void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
                          engine::DType dtype, engine::ErrorFeedback* ef);
+  // Nonblocking allreduces fuse into groups (requests.cc) on a composite whose groups run as one
+  // stream: it says so (the same on every rank) and agrees on each group's members through
+  // max_u32 (element-wise MAX over the ranks, bounded by THC_TIMEOUT_MS).
+  virtual bool fuses() const { return false; }
+  virtual void max_u32(uint32_t* w, size_t n);
 };
 }  // namespace thc::capi
 
@@ -62,6 +68,9 @@ struct thc_comm_s {
   // inline_requests: the backend takes no second thread (MPI below MPI_THREAD_MULTIPLE), so calls
   // run on the thread that starts them. Declared last: destroyed (drained, joined) first.
   bool inline_requests = false;
+  // No rank of the communicator fuses nonblocking calls (THC_FUSION_BYTES = 0 everywhere, agreed
+  // at creation where the backend has such an exchange: MPI): calls skip the per-group agreement.
+  bool fusion_off = false;
   std::mutex progress_mu;
   std::unique_ptr<thc::engine::Progress> progress;
 };

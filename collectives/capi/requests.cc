@@ -35,22 +35,34 @@ void copy_stats(thc_comm_t c) {
   c->stats = c->engine ? c->engine->stats() : c->composite->stats();
 }
 
+bool fuses(thc_comm_t comm) { return !comm->fusion_off && (comm->engine != nullptr || comm->composite->fuses()); }
+
 Progress& progress_of(thc_comm_t comm) {
   std::lock_guard<std::mutex> lk(comm->progress_mu);
   if (!comm->progress) {
     Progress::Hooks h;
-    h.max_u32 = [comm](uint32_t* w, size_t n) { comm->engine->reducer().max_u32(w, n); };
+    h.max_u32 = [comm](uint32_t* w, size_t n) {
+      if (comm->engine) {
+        comm->engine->reducer().max_u32(w, n);
+      } else {
+        comm->composite->max_u32(w, n);
+      }
+    };
     h.run_group = [comm](codec::Scheme s, std::vector<Tensor>& ts, bool mean) {
-      comm->engine->allreduce_group(s, ts.data(), ts.size(), mean);
+      if (comm->engine) {
+        comm->engine->allreduce_group(s, ts.data(), ts.size(), mean);
+      } else {
+        comm->composite->allreduce_group(s, ts.data(), ts.size(), mean);
+      }
     };
     h.after_any = [comm] { copy_stats(comm); };
     Progress::Options o;
     const thc_config_t& cfg = comm->config();
     o.fusion_bytes = cfg.fusion_bytes > 0 ? static_cast<uint64_t>(cfg.fusion_bytes) : 0;
     o.cycle_ms = cfg.fusion_cycle_ms > 0 ? cfg.fusion_cycle_ms : 0;
-    // A composite (the hierarchical MPI communicator) runs groups tensor by tensor: nothing to
-    // gain from fusing, so its calls never fuse (every rank of it knows it is one).
-    o.agree = comm->engine != nullptr;
+    // A composite that runs groups call by call has nothing to gain from fusing: its calls never
+    // fuse (every rank of it knows it is one).
+    o.agree = fuses(comm);
     o.inline_only = comm->inline_requests;
     comm->progress = std::make_unique<Progress>(std::move(h), o);
   }
@@ -189,7 +201,7 @@ thc_status_t allreduce_call(const char* where, thc_scheme_t scheme, const void* 
   Work w;
   w.fusable = true;
   w.noop = count == 0;  // a call of count 0 does not communicate, on any rank
-  w.can_join = c.ok() && comm->engine != nullptr;  // (host or device buffers: the group path takes both)
+  w.can_join = c.ok() && fuses(comm);  // (host or device buffers: the group path takes both)
   w.scheme = static_cast<codec::Scheme>(scheme);
   w.mean = op == THC_OP_AVG;
   w.key = static_cast<uint64_t>(scheme) * 2 + (w.mean ? 1 : 0);
@@ -354,6 +366,12 @@ uint64_t shard_offset(const uint64_t* counts, int n, int me, uint64_t* off) {
 void Composite::allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) {
   for (size_t i = 0; i < n; ++i)
     if (ts[i].count) allreduce(scheme, ts[i].send, ts[i].recv, ts[i].count, ts[i].dtype, mean, ts[i].ef);
+}
+
+void Composite::max_u32(uint32_t* w, size_t n) {
+  (void)w;
+  (void)n;
+  fail(Status::kInternal, "this communicator does not fuse calls");
 }
 
 void Composite::reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,

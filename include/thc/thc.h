@@ -278,8 +278,9 @@ thc_status_t thc_request_free(thc_request_t* request);
  * every tensor's result is bit-identical to a thc_allreduce_scheme of it alone in the same place
  * in the sequence of calls (THC_BIDIR aside); a group counts as one call per tensor with
  * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
- * communicator (THC_HIER) a group of host buffers runs tensor by tensor (with device buffers on
- * any rank: as one stream, flat). A tensor's sendbuf NULL or THC_IN_PLACE works in place. The
+ * communicator (THC_HIER) a group is one hierarchical call (one compressed stream per slice, the
+ * same bits; with device buffers on any rank: one stream, flat). A tensor's sendbuf NULL or
+ * THC_IN_PLACE works in place. The
  * array may be freed once the start call returns; the buffers belong to the call until it
  * completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
  * number of tensors with the same counts (THC_ERR_CONFIG_MISMATCH otherwise). */
