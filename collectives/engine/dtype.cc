@@ -47,6 +47,7 @@ uint16_t float_to_half(float f) {
 }
 
 void load_as_float(const void* in, DType t, uint64_t first, uint64_t n, const float* add, float* out) {
+  if (n == 0) return;  // the buffers of an empty tensor may be NULL (memcpy's are never)
   switch (t) {
     case DType::kF32: {
       const float* p = static_cast<const float*>(in) + first;
@@ -77,6 +78,7 @@ void load_as_float(const void* in, DType t, uint64_t first, uint64_t n, const fl
 }
 
 void store_from_float(const float* in, uint64_t n, DType t, void* out, uint64_t first) {
+  if (n == 0) return;
   switch (t) {
     case DType::kF32:
       std::memcpy(static_cast<float*>(out) + first, in, n * sizeof(float));

@@ -752,6 +752,25 @@ TEST(Hier, GroupFailuresFailEveryRankBeforeOutput) {
   }
 }
 
+// Every tensor's nonblocking allreduce on `nb`, waited for together, then its blocking call on
+// `blocking` (the same inputs in other buffers): whether both succeeded.
+::testing::AssertionResult nonblocking_then_blocking(thc_scheme_t scheme, thc_op_t op, const std::vector<thc_tensor_t>& tn,
+                                                     thc_comm_t nb, const std::vector<thc_tensor_t>& tb,
+                                                     thc_comm_t blocking) {
+  std::vector<thc_request_t> reqs(tn.size(), THC_REQUEST_NULL);
+  for (size_t t = 0; t < tn.size(); ++t)
+    if (thc_iallreduce_scheme(scheme, tn[t].sendbuf, tn[t].recvbuf, tn[t].count, tn[t].dtype, op, nb, tn[t].state,
+                              &reqs[t]) != THC_SUCCESS)
+      return ::testing::AssertionFailure() << "thc_iallreduce_scheme: " << thc_last_error();
+  std::vector<thc_status_t> sts(tn.size());
+  if (thc_waitall(reqs.size(), reqs.data(), sts.data()) != THC_SUCCESS)
+    return ::testing::AssertionFailure() << "thc_waitall: " << thc_last_error();
+  for (const thc_tensor_t& t : tb)
+    if (thc_allreduce_scheme(scheme, t.sendbuf, t.recvbuf, t.count, t.dtype, op, blocking, t.state) != THC_SUCCESS)
+      return ::testing::AssertionFailure() << "thc_allreduce_scheme: " << thc_last_error();
+  return ::testing::AssertionSuccess();
+}
+
 // Nonblocking allreduces started back to back on a hierarchical communicator fuse into groups
 // (Horovod's cycle), as on a flat one, with the bits of the blocking calls. Needs
 // MPI_THREAD_MULTIPLE (its own ctest entry); below it, calls complete inside their start call.
@@ -771,20 +790,7 @@ TEST(Hier, NonblockingAllreducesFuse) {
     for (int it = 0; it < 2; ++it) {
       f.fill(ms, it);
       b.fill(ms, it);
-      std::vector<thc_tensor_t> tf = f.tensors(ms), tb = b.tensors(ms);
-      std::vector<thc_request_t> reqs(ms.size(), THC_REQUEST_NULL);
-      for (size_t t = 0; t < ms.size(); ++t)
-        ASSERT_EQ(thc_iallreduce_scheme(THC_SCHEME_THC, tf[t].sendbuf, tf[t].recvbuf, tf[t].count, tf[t].dtype,
-                                        THC_OP_AVG, fused, tf[t].state, &reqs[t]),
-                  THC_SUCCESS)
-            << thc_last_error();
-      std::vector<thc_status_t> sts(ms.size());
-      ASSERT_EQ(thc_waitall(reqs.size(), reqs.data(), sts.data()), THC_SUCCESS) << thc_last_error();
-      for (const thc_tensor_t& t : tb)
-        ASSERT_EQ(thc_allreduce_scheme(THC_SCHEME_THC, t.sendbuf, t.recvbuf, t.count, t.dtype, THC_OP_AVG, blocking,
-                                       t.state),
-                  THC_SUCCESS)
-            << thc_last_error();
+      ASSERT_TRUE(nonblocking_then_blocking(THC_SCHEME_THC, THC_OP_AVG, f.tensors(ms), fused, b.tensors(ms), blocking));
       for (size_t t = 0; t < ms.size(); ++t) {
         EXPECT_EQ(f.out[t], b.out[t]) << lay.str() << " iteration " << it << " tensor " << t;
         if (ms[t].ef) {
@@ -810,18 +816,7 @@ TEST(Hier, NonblockingAllreducesFuse) {
       GroupBuffers x(ms), y(ms);
       x.fill(ms, 5);
       y.fill(ms, 5);
-      std::vector<thc_tensor_t> tx = x.tensors(ms), ty = y.tensors(ms);
-      std::vector<thc_request_t> reqs(ms.size(), THC_REQUEST_NULL);
-      for (size_t t = 0; t < ms.size(); ++t)
-        ASSERT_EQ(thc_iallreduce_scheme(THC_SCHEME_CNAT, tx[t].sendbuf, tx[t].recvbuf, tx[t].count, tx[t].dtype,
-                                        THC_OP_SUM, comm, tx[t].state, &reqs[t]),
-                  THC_SUCCESS)
-            << thc_last_error();
-      std::vector<thc_status_t> sts(ms.size());
-      ASSERT_EQ(thc_waitall(reqs.size(), reqs.data(), sts.data()), THC_SUCCESS) << thc_last_error();
-      for (const thc_tensor_t& t : ty)
-        ASSERT_EQ(cnat_allreduce(t.sendbuf, t.recvbuf, t.count, t.dtype, THC_OP_SUM, twin, t.state), THC_SUCCESS)
-            << thc_last_error();
+      ASSERT_TRUE(nonblocking_then_blocking(THC_SCHEME_CNAT, THC_OP_SUM, x.tensors(ms), comm, y.tensors(ms), twin));
       for (size_t t = 0; t < ms.size(); ++t) EXPECT_EQ(x.out[t], y.out[t]) << lay.str() << " one " << one << " tensor " << t;
       thc_comm_stats(comm, &st);
       EXPECT_EQ(st.groups, 0u) << lay.str() << " one " << one;
