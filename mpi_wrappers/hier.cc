@@ -836,7 +836,7 @@ class HierComm final : public capi::Composite {
                                              "): a local rank did not arrive within " + std::to_string(w_.timeout_ms) +
                                              " ms (THC_TIMEOUT_MS)");
       if (now - start < std::chrono::microseconds(50)) continue;
-      nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
+      nap = nap ? std::min<uint64_t>(2 * nap, 20) : 10;
       std::this_thread::sleep_for(std::chrono::microseconds(nap));
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -36,7 +36,7 @@ MpiWait mpi_wait_until(MPI_Request* req, MpiClock::time_point until, int* rc) {
     const auto now = MpiClock::now();
     if (now >= until) return MpiWait::kTimeout;
     if (now - start < std::chrono::microseconds(50)) continue;
-    nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
+    nap = nap ? std::min<uint64_t>(2 * nap, 20) : 10;
     std::this_thread::sleep_for(std::chrono::microseconds(nap));
   }
 }
