@@ -1,8 +1,11 @@
 #pragma once
 // Bounded waits on MPI requests, shared by the MPI link (transport/mpi/mpi_reducer.cc) and the
 // hierarchical communicator (mpi_wrappers/hier.cc): both poll with PMPI_Test, spin about 50 us,
-// then sleep with a growing backoff (10..200 us) so that ranks sharing cores leave them to the
-// ranks doing the work, and give up at a deadline (THC_TIMEOUT_MS; none when <= 0).
+// then sleep with a short backoff (10, 20, 20.. us) so that ranks sharing cores leave them to the
+// ranks doing the work, and give up at a deadline (THC_TIMEOUT_MS; none when <= 0). The naps stay
+// short: these are exchanges of a few words, and Open MPI's TCP transport advances a collective
+// only when polled, so each of its steps would otherwise wait out a nap (up to 200 us each, which
+// doubled a small hierarchical call's time; README "Waits on exchanges").
 #include <mpi.h>
 
 #include <chrono>
