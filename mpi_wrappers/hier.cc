@@ -490,22 +490,6 @@ class HierComm final : public capi::Composite {
     }
     if (group) tensors |= 1;
     if (count == 0) return;  // as a call of count 0: no exchange, on any rank
-    // Tensors below THC_HIER_MIN_BYTES (as float32) run on the flat engine: fewer latency-bound
-    // steps. The route depends on the count alone, so a group's tensor goes the way its own call
-    // would (the same bits), and every rank routes alike once the counts agree.
-    const uint64_t min_count = cfg_.hier_min_bytes > 0 ? (static_cast<uint64_t>(cfg_.hier_min_bytes) + 3) / 4 : 0;
-    std::vector<char> flat(n, 0);
-    size_t nflat = 0;
-    uint64_t count_hier = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (given[i].count == 0) continue;
-      flat[i] = given[i].count < min_count ? 1 : 0;
-      if (flat[i]) {
-        ++nflat;
-      } else {
-        count_hier += given[i].count;
-      }
-    }
     w_.check_usable();
     // The counter advances before anything can fail, so every rank counts every call alike.
     const uint32_t round = round_++;
@@ -540,7 +524,7 @@ class HierComm final : public capi::Composite {
         if (!efs.insert(ef).second)
           fail(Status::kInvalidArgument, who + "shares its error-feedback state with an earlier tensor of the group");
       }
-      sl = slices(ts.data(), n, flat);
+      sl = slices(ts.data(), n);
       // With room in the arena for the whole call, the input the other slice owners read goes
       // there now (converted and checked in one pass; this rank's own slice stays in sendbuf);
       // the exchange below then also orders every rank's write before any read of it.
@@ -560,9 +544,8 @@ class HierComm final : public capi::Composite {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     judge(hdr.data(), fields, rank_, size_, own.get(), !finite, true, "this call before exchanging", w_.naming(ctl_));
 
-    if (hdr[kWordDevice] != 0 || count_hier == 0) {
-      // Device buffers (on some rank): the engine's GPU path, flat, on every rank; or every
-      // tensor below THC_HIER_MIN_BYTES.
+    if (hdr[kWordDevice] != 0) {
+      // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
       on_flat([&](engine::Engine& e) {
         if (group) {
           e.allreduce_group(scheme, given, n, mean);
@@ -653,37 +636,6 @@ class HierComm final : public capi::Composite {
     }
     for (size_t j = 0; j < mine.size(); ++j)
       if (engine::ErrorFeedback* ef = ts[mine[j].t].ef) ef->residual = std::move(subs[j].residual);
-    // A group's tensors below THC_HIER_MIN_BYTES: one flat call on every rank (whatever its slice
-    // did), before the exchange below, which then also tells whether it made it; their outputs
-    // and residuals are kept, to be put back if the call fails.
-    std::vector<engine::Tensor> fts;
-    std::vector<std::vector<uint8_t>> fkept;
-    std::vector<engine::ErrorFeedback> fef;
-    if (nflat > 0) {
-      std::unique_ptr<Error> fown;
-      const engine::EngineStats before = stats_;
-      capture(&fown, [&] {
-        for (size_t i = 0; i < n; ++i) {
-          if (!flat[i]) continue;
-          const engine::Tensor& t = ts[i];
-          fts.push_back(t);
-          const uint8_t* r = static_cast<const uint8_t*>(t.recv);
-          fkept.emplace_back(r, r + t.count * engine::dtype_size(t.dtype));
-          fef.push_back(t.ef ? *t.ef : engine::ErrorFeedback{});
-        }
-        on_flat([&](engine::Engine& e) { e.allreduce_group(scheme, fts.data(), fts.size(), mean); });
-      });
-      // The group counts once (below), not also as the flat engine's group.
-      stats_.groups = before.groups;
-      stats_.grouped_tensors = before.grouped_tensors;
-      if (!own) own = std::move(fown);
-    }
-    auto put_back_flat = [&] {
-      for (size_t j = 0; j < std::min(fkept.size(), fef.size()); ++j) {
-        std::memcpy(fts[j].recv, fkept[j].data(), fkept[j].size());
-        if (fts[j].ef) *fts[j].ef = fef[j];
-      }
-    };
     // Every rank learns whether every slice made it before any output is written.
     std::vector<uint32_t> post = words({}, rank_, own.get());
     post.push_back(owner && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
@@ -693,7 +645,6 @@ class HierComm final : public capi::Composite {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       judge(post.data(), {}, rank_, size_, own.get(), false, false, "the compressed stage", w_.naming(ctl_));
     } catch (const Error&) {
-      put_back_flat();
       for (size_t j = 0; j < mine.size(); ++j) {
         engine::ErrorFeedback* ef = ts[mine[j].t].ef;
         if (!ef) continue;
@@ -706,9 +657,8 @@ class HierComm final : public capi::Composite {
       throw;
     }
     // Every state of the call is bound to its tensor's count (this rank's slices of it at the front).
-    for (size_t i = 0; i < n; ++i) {
-      const engine::Tensor& t = ts[i];
-      if (!t.ef || t.count == 0 || flat[i]) continue;
+    for (const engine::Tensor& t : ts) {
+      if (!t.ef || t.count == 0) continue;
       if (t.ef->count == 0) t.ef->count = t.count;
       if (t.ef->residual.size() < t.count) t.ef->residual.resize(t.count, 0.0f);
     }
@@ -731,9 +681,9 @@ class HierComm final : public capi::Composite {
       }
     }
     if (!single) ++streamed_;
-    account(count_hier, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
+    account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
     if (group) {
-      stats_.calls += nonempty - nflat - 1;
+      stats_.calls += nonempty - 1;
       if (nonempty > 1) {
         stats_.groups++;
         stats_.grouped_tensors += nonempty;
@@ -894,14 +844,13 @@ class HierComm final : public capi::Composite {
 
   // Slice l of a call: of every tensor, its whole codec blocks [nb l / S, nb (l + 1) / S), as a
   // call on that tensor alone slices it; the slices cover every tensor.
-  Slices slices(const engine::Tensor* ts, size_t n, const std::vector<char>& flat) const {
+  Slices slices(const engine::Tensor* ts, size_t n) const {
     Slices s;
     s.p.resize(static_cast<size_t>(slices_));
     s.len.assign(static_cast<size_t>(slices_), 0);
     const int lg = engine::log2_exact(cfg_.block);
     const uint64_t B = uint64_t{1} << (lg < 0 ? 0 : lg), S = static_cast<uint64_t>(slices_);
     for (size_t t = 0; t < n; ++t) {
-      if (flat[t]) continue;  // runs on the flat engine
       const uint64_t count = ts[t].count, nb = (count + B - 1) / B;
       for (uint64_t l = 0; l < S; ++l) {
         const uint64_t f = std::min(count, nb * l / S * B), e = std::min(count, nb * (l + 1) / S * B);
@@ -1132,8 +1081,7 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
   for (char ch : emulated) hh = engine::digest_mix(hh, static_cast<unsigned char>(ch));
   const std::vector<Field> fields = {{"THC_HIER", static_cast<uint64_t>(cfg.hier + 1)},
                                      {"THC_HIER_HOSTS", hh},
-                                     {"THC_HIER_ARENA_BYTES", static_cast<uint64_t>(cfg.hier_arena_bytes)},
-                                     {"THC_HIER_MIN_BYTES", static_cast<uint64_t>(cfg.hier_min_bytes)}};
+                                     {"THC_HIER_ARENA_BYTES", static_cast<uint64_t>(cfg.hier_arena_bytes)}};
   std::vector<uint32_t> agree = words(fields, rank, own.get());
   agree.push_back(cfg.fusion_bytes > 0 ? 1u : 0u);  // whether some rank fuses nonblocking calls
   w.max_u32(ctl, agree.data(), agree.size(), "creating the communicator (MPI_Iallreduce)");

@@ -24,9 +24,7 @@
 // local rank i). A group (thc_allreduce_group, fused nonblocking allreduces) is one such call:
 // each tensor sliced as its own call would be, slice i holding the tensors' slices i one after
 // another, one pass through the arena, and per slice one compressed group (the engine's stream
-// path) over the pieces, so the results are bit for bit those of the separate calls. Calls (a
-// group's tensors) below THC_HIER_MIN_BYTES run on the flat engine after the first exchange (a
-// group's in one flat call before the exchange after the compressed stage). Device
+// path) over the pieces, so the results are bit for bit those of the separate calls. Device
 // buffers on any rank make the call run flat (the engine's GPU path) on every rank; so do
 // reduce-scatter and allgather (the flat engine's stream path), which with host buffers
 // everywhere go through the hierarchical allreduce.

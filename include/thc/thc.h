@@ -121,8 +121,6 @@ typedef struct thc_config {
                           * stream of at most this many input bytes (0: never fused) */
   double fusion_cycle_ms;/* THC_FUSION_CYCLE_MS: how long the progress thread waits for more calls to fuse */
   int mpi_allgather;     /* THC_MPI_ALLGATHER: interposer: lossy MPI_Allgather of floats: -1 off, else thc_scheme_t */
-  long hier_min_bytes;   /* THC_HIER_MIN_BYTES: THC_HIER: calls (a group's tensors) below this many float32
-                          * bytes run flat, with fewer latency-bound steps (0: every call hierarchical) */
 } thc_config_t;
 
 typedef struct thc_comm_s* thc_comm_t;

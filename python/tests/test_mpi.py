@@ -30,7 +30,6 @@ def test_mpi_hierarchical(monkeypatch):
     if not thc._thc.HAVE_MPI:
         pytest.skip("libthc was built without MPI")
     monkeypatch.setenv("THC_HIER_HOSTS", "2,2")
-    monkeypatch.setenv("THC_HIER_MIN_BYTES", "0")  # the worker's small calls hierarchical too
     r = mpirun(4, "mpi_worker.py", "hier")
     assert r.returncode == 0, r.stdout
     assert "ok allreduce" in r.stdout and "ok hier" in r.stdout, r.stdout

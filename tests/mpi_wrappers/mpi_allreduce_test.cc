@@ -469,13 +469,11 @@ TEST(MpiAllreduce, BidirectionalCnatOnColocatedPs) {
   EXPECT_LT(nmse(out, ex), 0.27);
   thc_stats_t st;
   thc_comm_stats(comm, &st);
-  // One byte per element downstream, on each of the ranks that compress it: every rank (flat, or
-  // a hierarchical communicator's call below THC_HIER_MIN_BYTES), one rank per host for each
-  // slice (hierarchical).
+  // One byte per element downstream, on each of the ranks that compress it: every rank (flat),
+  // one rank per host for each slice (hierarchical).
   uint64_t down = 0;
   MPI_Allreduce(&st.wire_bytes_down, &down, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  const bool hier_call = st.hier_hosts > 0 && count * 4 >= static_cast<uint64_t>(c.hier_min_bytes);
-  EXPECT_EQ(down, count * static_cast<uint64_t>(hier_call ? st.hier_hosts : world()));
+  EXPECT_EQ(down, count * static_cast<uint64_t>(st.hier_hosts > 0 ? st.hier_hosts : world()));
   thc_comm_destroy(comm);
 }
 

@@ -67,7 +67,6 @@ thc_config_t cfg_for(const Layout& lay, int hier = -1, int algo = THC_ALGO_AUTO,
   c.block = 4096;
   c.chunk_bytes = 4 * 4096 * 3;  // several chunks pipelined in the compressed stage
   c.hier = hier;
-  c.hier_min_bytes = 0;  // every call hierarchical (the tests' calls are small); see Hier.SmallCalls*
   std::snprintf(c.hier_hosts, sizeof c.hier_hosts, "%s", lay.str().c_str());
   return c;
 }
@@ -641,12 +640,9 @@ struct GroupBuffers {
 // than the host's shared memory (rounds). (Before, a group ran tensor by tensor.)
 TEST(Hier, GroupsRunAsOneStreamWithTheSeparateCallsBits) {
   for (const Layout& lay : multi_layouts()) {
-    for (int combo = 0; combo < 4; ++combo) {
-      const long arena = combo & 1 ? 1L << 20 : 0L;
+    for (long arena : {0L, 1L << 20}) {
       thc_config_t cg = cfg_for(lay), cs = cfg_for(lay);
       if (arena) cg.hier_arena_bytes = arena;  // ~ 40K floats per slice and rank: the group streams in rounds
-      // THC_HIER_MIN_BYTES of 64 KB: five of the tensors run flat (in the group: one flat call)
-      if (combo & 2) cg.hier_min_bytes = cs.hier_min_bytes = 64 * 1024;
       thc_comm_t grouped = make(cg), separate = make(cs);
       ASSERT_EQ(hier_hosts(grouped), lay.hosts());
       GroupBuffers g(kMembers), s(kMembers);
@@ -664,7 +660,7 @@ TEST(Hier, GroupsRunAsOneStreamWithTheSeparateCallsBits) {
                       THC_SUCCESS)
                 << thc_last_error();
           for (size_t t = 0; t < kMembers.size(); ++t) {
-            const std::string what = lay.str() + " combo " + std::to_string(combo) + " scheme " +
+            const std::string what = lay.str() + " arena " + std::to_string(arena) + " scheme " +
                                      std::to_string(scheme) + " call " + std::to_string(call) + " tensor " +
                                      std::to_string(t);
             EXPECT_EQ(g.out[t], s.out[t]) << what;
@@ -697,32 +693,24 @@ TEST(Hier, GroupsRunAsOneStreamWithTheSeparateCallsBits) {
 // What fails a group fails it on every rank before any output is written, with the residuals
 // as they were, and the communicator goes on: NaN/Inf in one tensor on one rank, counts that
 // differ per tensor (with the same total), a host sum that overflows in one tensor only.
-// With THC_HIER_MIN_BYTES at 64 KB the first and last tensors run flat (one flat call between the
-// compressed stage and the exchange after it): their outputs and residuals are put back too.
 TEST(Hier, GroupFailuresFailEveryRankBeforeOutput) {
   const std::vector<GroupMember> ms = {
-      {9000, THC_FLOAT32, false, true}, {20000, THC_FLOAT32, false, true}, {4096, THC_FLOAT32, false, false}};
+      {9000, THC_FLOAT32, false, false}, {20000, THC_FLOAT32, false, true}, {4096, THC_FLOAT32, false, false}};
   for (const Layout& lay : multi_layouts()) {
-   for (long min_bytes : {0L, 64L * 1024}) {
-    thc_config_t c = cfg_for(lay);
-    c.hier_min_bytes = min_bytes;
-    thc_comm_t comm = make(c);
+    thc_comm_t comm = make(cfg_for(lay));
     GroupBuffers g(ms);
     g.fill(ms, 0);
     std::vector<thc_tensor_t> ts = g.tensors(ms);
     ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_SUCCESS)
         << thc_last_error();
-    const std::vector<float> residual0 = g.states[0]->ef.residual, residual = g.states[1]->ef.residual;
+    const std::vector<float> residual = g.states[1]->ef.residual;
     auto untouched = [&](const std::string& what) {
       for (size_t t = 0; t < ms.size(); ++t) {
         std::vector<float> got(ms[t].count);
         thc::engine::load_as_float(g.out[t].data(), thc::engine::DType::kF32, 0, ms[t].count, nullptr, got.data());
-        EXPECT_EQ(got, std::vector<float>(ms[t].count, 3.0f))
-            << lay.str() << " min " << min_bytes << " " << what << " tensor " << t;
+        EXPECT_EQ(got, std::vector<float>(ms[t].count, 3.0f)) << lay.str() << " " << what << " tensor " << t;
       }
-      EXPECT_EQ(g.states[0]->ef.residual, residual0) << lay.str() << " min " << min_bytes << " " << what;
-      EXPECT_EQ(g.states[1]->ef.residual, residual) << lay.str() << " min " << min_bytes << " " << what << " rank "
-                                                    << rank();
+      EXPECT_EQ(g.states[1]->ef.residual, residual) << lay.str() << " " << what << " rank " << rank();
     };
 
     // NaN on the last rank (it may only contribute), in the last tensor.
@@ -761,67 +749,6 @@ TEST(Hier, GroupFailuresFailEveryRankBeforeOutput) {
     EXPECT_TRUE(same_on_every_rank(std::vector<float>(reinterpret_cast<float*>(g.out[1].data()),
                                                       reinterpret_cast<float*>(g.out[1].data()) + ms[1].count)));
     thc_comm_destroy(comm);
-   }
-  }
-}
-
-// Calls below THC_HIER_MIN_BYTES (as float32) run on the flat engine, which takes fewer
-// latency-bound steps: the bits of a flat communicator's calls (THC_HIER=0, the same seed and
-// sequence), with error feedback, alone and as a group. Creation refuses ranks that disagree on
-// the knob.
-TEST(Hier, SmallCallsRunFlatWithTheFlatBits) {
-  for (const Layout& lay : multi_layouts()) {
-    thc_config_t ch = cfg_for(lay), cf = cfg_for(lay, 0);
-    ch.hier_min_bytes = 256 * 1024;
-    thc_comm_t h = make(ch), f = make(cf);
-    ASSERT_EQ(hier_hosts(h), lay.hosts());
-    ASSERT_EQ(hier_hosts(f), 0);
-    thc_state_t sh, sf;
-    thc_state_create(&sh);
-    thc_state_create(&sf);
-    for (int call = 0; call < 2; ++call) {
-      for (size_t count : {size_t{1000}, size_t{20000}, size_t{65535}}) {
-        for (thc_scheme_t scheme : {THC_SCHEME_THC, THC_SCHEME_CNAT}) {
-          const auto x = gaussian(count, static_cast<uint32_t>(77 * count + 5 * call + rank()));
-          std::vector<float> yh(count, 3.0f), yf(count, 5.0f);
-          const bool ef = scheme == THC_SCHEME_THC && count == 20000;
-          ASSERT_EQ(thc_allreduce_scheme(scheme, x.data(), yh.data(), count, THC_FLOAT32, THC_OP_AVG, h, ef ? sh : nullptr),
-                    THC_SUCCESS)
-              << thc_last_error();
-          ASSERT_EQ(thc_allreduce_scheme(scheme, x.data(), yf.data(), count, THC_FLOAT32, THC_OP_AVG, f, ef ? sf : nullptr),
-                    THC_SUCCESS)
-              << thc_last_error();
-          EXPECT_EQ(yh, yf) << lay.str() << " count " << count << " scheme " << scheme << " call " << call;
-        }
-      }
-      EXPECT_EQ(sh->ef.residual, sf->ef.residual) << lay.str();
-      std::vector<GroupMember> small;
-      for (const GroupMember& m : kMembers)
-        if (m.count * 4 < 256 * 1024) small.push_back(m);
-      GroupBuffers gh(small), gf(small);
-      gh.fill(small, call);
-      gf.fill(small, call);
-      std::vector<thc_tensor_t> th = gh.tensors(small), tf = gf.tensors(small);
-      ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, th.data(), th.size(), THC_OP_SUM, h), THC_SUCCESS) << thc_last_error();
-      ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, tf.data(), tf.size(), THC_OP_SUM, f), THC_SUCCESS) << thc_last_error();
-      for (size_t t = 0; t < small.size(); ++t) EXPECT_EQ(gh.out[t], gf.out[t]) << lay.str() << " group tensor " << t;
-    }
-    thc_stats_t a, b;
-    thc_comm_stats(h, &a);
-    thc_comm_stats(f, &b);
-    EXPECT_EQ(a.calls, b.calls);
-    EXPECT_EQ(a.groups, b.groups);
-    EXPECT_EQ(a.wire_bytes_up, b.wire_bytes_up);
-    EXPECT_EQ(a.hier_hosts, lay.hosts());
-    thc_state_destroy(sh);
-    thc_state_destroy(sf);
-    thc_comm_destroy(h);
-    thc_comm_destroy(f);
-    thc_config_t odd = cfg_for(lay);
-    if (rank() == world() - 1) odd.hier_min_bytes = 4096;
-    thc_comm_t bad = nullptr;
-    EXPECT_EQ(thc_comm_create_mpi(MPI_COMM_WORLD, &odd, &bad), THC_ERR_CONFIG_MISMATCH);
-    EXPECT_NE(std::string(thc_last_error()).find("THC_HIER_MIN_BYTES"), std::string::npos) << thc_last_error();
   }
 }
 
