@@ -612,6 +612,8 @@ class HierComm final : public capi::Composite {
     if (!mine.empty()) {
       capture(&own, [&] {
         const engine::EngineStats before = inner_->stats();
+        // One piece (every single allreduce): the engine's allreduce, whose host path (the PS
+        // encoding into the transport's buffers) is the measured one; the same bits as a group.
         if (mine.size() == 1) {
           const Piece& p = mine[0];
           inner_->allreduce(scheme, P + p.o, P + p.o, p.len, engine::DType::kF32, false,

@@ -280,9 +280,8 @@ thc_status_t thc_request_free(thc_request_t* request);
  * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
  * communicator (THC_HIER) a group is one hierarchical call (one compressed stream per slice, the
  * same bits; with device buffers on any rank: one stream, flat). A tensor's sendbuf NULL or
- * THC_IN_PLACE works in place. The
- * array may be freed once the start call returns; the buffers belong to the call until it
- * completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
+ * THC_IN_PLACE works in place. The array may be freed once the start call returns; the buffers
+ * belong to the call until it completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
  * number of tensors with the same counts (THC_ERR_CONFIG_MISMATCH otherwise). */
 typedef struct thc_tensor {
   const void* sendbuf;
