@@ -4,8 +4,27 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+namespace {
+// The failures of a rank other than 0 (whose progress is not printed), with its rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::printf("rank %d: %s.%s: %s:%d: Failure\n%s\n", rank_, t ? t->test_suite_name() : "?", t ? t->name() : "?",
+                r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
 
 int main(int argc, char** argv) {
   // THC_TEST_THREAD_MULTIPLE=1: MPI_THREAD_MULTIPLE (nonblocking calls progress on a thread);
@@ -27,6 +46,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
   }
   int rc = RUN_ALL_TESTS();
   // Any rank's failure fails the run on every rank.
