@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "collectives/codec/codec_simd.h"
 #include "collectives/engine/agreement.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
@@ -329,18 +330,16 @@ std::vector<int> parse_hosts(const std::string& s, int world) {
 // Piece by piece, so the check reads what was just written while it is in cache.
 bool load_checked(const void* src, engine::DType t, uint64_t first, uint64_t n, float* dst) {
   constexpr uint64_t kPiece = 16384;
-  uint32_t bad = 0;
+  bool ok = true;
   for (uint64_t off = 0; off < n; off += kPiece) {
     const uint64_t m = std::min(kPiece, n - off);
     float* d = dst + off;
     engine::load_as_float(src, t, first + off, m, nullptr, d);
-    for (uint64_t i = 0; i < m; ++i) {
-      uint32_t u;
-      std::memcpy(&u, d + i, 4);
-      bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u);
-    }
+    bool bad = false;
+    codec::kern::max_abs(d, m, &bad);  // (vectorized; sets bad on NaN or Inf)
+    ok &= !bad;
   }
-  return bad == 0;
+  return ok;
 }
 
 // Local ranks 0..L-1 of a host; the compressed stage's slices 0..S-1.
@@ -349,6 +348,22 @@ struct HostLayout {
   std::vector<int> local;  // this host's ranks (of the communicator), by local rank
   std::vector<int> slice;  // local rank `lrank` of every host, by host (this rank's slice group)
   std::vector<int> sizes;  // ranks per host
+  std::vector<int> host_of;   // by rank: its host
+  std::vector<int> lrank_of;  // by rank: its local rank on its host
+};
+
+// The collective of a call: an allreduce (of one tensor or a group), or a reduce-scatter or
+// allgather whose tensors are the ranks' shards (tensor q: rank q's).
+enum class Op : uint32_t { kAllreduce = 0, kReduceScatter = 1, kAllgather = 2 };
+
+// A reduce-scatter's or allgather's arguments.
+struct Shards {
+  Op op;
+  const void* send;
+  void* recv;
+  const uint64_t* counts;
+  engine::DType dtype;
+  engine::ErrorFeedback* ef;
 };
 
 constexpr int kArenaTag = 1;          // local rank 0 -> the others: the arena's handle
@@ -425,24 +440,28 @@ class HierComm final : public capi::Composite {
 
   // A group runs as one call (run): one first exchange, every tensor's host sums in one pass
   // through the arena, and per slice one compressed group over the tensors' pieces. With device
-  // buffers on some rank it runs on the flat engine's stream path on every rank. Reduce-scatter
-  // and allgather: with device buffers on some rank the flat engine's (a real reduce-scatter and
-  // allgather, one stream), else the composite's ways through the hierarchical allreduce;
-  // deciding takes a first exchange of its own (the allreduce's words).
+  // buffers on some rank it runs on the flat engine's stream path on every rank.
+  //
+  // Reduce-scatter and allgather run the same way with the ranks' shards as the tensors (shard q
+  // is tensor q, sliced like a group's tensor), and a compressed stage of the collective itself:
+  // a reduce-scatter's slice owners reduce their pieces across the hosts and each piece is
+  // decoded on the host of its shard's rank alone (the host of rank q reads only shard q's sums);
+  // an allgather's pieces are gathered on their rank's host (no sum), encoded there once and
+  // decoded on every host. With device buffers on some rank, or an allgather with error feedback
+  // on some rank (its residual is its own shard's, which the slice owner that encodes a piece
+  // cannot keep), they run on the flat engine's stream path on every rank.
   void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) override {
     run(scheme, ts, n, mean, true);
   }
   void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, engine::DType dtype,
                       bool mean, engine::ErrorFeedback* ef) override {
-    if (!device_call(scheme, total_of(counts), mean, {send, recv}))
-      return Composite::reduce_scatter(scheme, send, recv, counts, dtype, mean, ef);
-    on_flat([&](engine::Engine& e) { e.reduce_scatter(scheme, send, recv, counts, dtype, mean, ef); });
+    Shards sh{Op::kReduceScatter, send, recv, counts, dtype, ef};
+    run_shards(scheme, sh, mean);
   }
   void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts, engine::DType dtype,
                  engine::ErrorFeedback* ef) override {
-    if (!device_call(scheme, total_of(counts), false, {send, recv}))
-      return Composite::allgather(scheme, send, recv, counts, dtype, ef);
-    on_flat([&](engine::Engine& e) { e.allgather(scheme, send, recv, counts, dtype, ef); });
+    Shards sh{Op::kAllgather, send, recv, counts, dtype, ef};
+    run_shards(scheme, sh, false);
   }
 
   void fail_call(const Error& why) override {
@@ -477,18 +496,24 @@ class HierComm final : public capi::Composite {
   // another (Piece). The compressed stage of slice l is one call of the inner engine on its
   // pieces (a group, on the engine's stream path: each piece's bits are those of its own call),
   // so a group's results are bit for bit those of its tensors' separate calls.
-  void run(codec::Scheme scheme, const engine::Tensor* given, size_t n, bool mean, bool group) {
+  //
+  // sh: a reduce-scatter or allgather (given: the shards, tensor q rank q's; see run_shards).
+  void run(codec::Scheme scheme, const engine::Tensor* given, size_t n, bool mean, bool group,
+           const Shards* sh = nullptr) {
+    const Op op = sh ? sh->op : Op::kAllreduce;
     uint64_t count = 0;
     size_t nonempty = 0;
-    uint64_t tensors = 0;  // a group's tensors: their counts in order (agreed like the count)
-    if (group) tensors = engine::digest_mix(0, 1);
+    // A group's tensors or the shards: their counts in order (agreed like the count).
+    uint64_t tensors = 0;
+    if (group || sh) tensors = engine::digest_mix(0, 1);
     for (size_t i = 0; i < n; ++i) {
       count += given[i].count;
+      if (sh) tensors = engine::digest_mix(tensors, given[i].count);
       if (given[i].count == 0) continue;
       ++nonempty;
       if (group) tensors = engine::digest_mix(tensors, given[i].count);
     }
-    if (group) tensors |= 1;
+    if (group || sh) tensors |= 1;
     if (count == 0) return;  // as a call of count 0: no exchange, on any rank
     w_.check_usable();
     // The counter advances before anything can fail, so every rank counts every call alike.
@@ -499,18 +524,32 @@ class HierComm final : public capi::Composite {
     std::vector<engine::Tensor> ts(given, given + n);
     Slices sl;
     capture(&own, [&] {
-      for (size_t i = 0; i < n; ++i) {
-        engine::Tensor& t = ts[i];
-        if (t.count == 0) continue;
-        if (!t.recv)
-          fail(Status::kInvalidArgument, group ? "tensor " + std::to_string(i) + ": recvbuf is NULL"
-                                               : std::string("allreduce: recvbuf is NULL"));
-        if (!t.send || t.send == THC_IN_PLACE) t.send = t.recv;
+      if (sh) {
+        if (!sh->recv && (op == Op::kAllgather || sh->counts[rank_] > 0 || sh->send == nullptr || sh->send == THC_IN_PLACE))
+          fail(Status::kInvalidArgument, std::string(op == Op::kAllgather ? "allgather" : "reduce-scatter") +
+                                             ": recvbuf is NULL");
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          engine::Tensor& t = ts[i];
+          if (t.count == 0) continue;
+          if (!t.recv)
+            fail(Status::kInvalidArgument, group ? "tensor " + std::to_string(i) + ": recvbuf is NULL"
+                                                 : std::string("allreduce: recvbuf is NULL"));
+          if (!t.send || t.send == THC_IN_PLACE) t.send = t.recv;
+        }
       }
       cod = &codec_for(scheme);  // a configuration that overflows fails here, before exchanging
       for (const engine::Tensor& t : ts)
         if (t.count && (engine::is_device_buffer(t.send) || engine::is_device_buffer(t.recv))) device = true;
       if (device) return;  // the flat engine checks the rest
+      if (op == Op::kAllgather && sh->ef) return;  // so does it for an allgather with error feedback
+      if (op == Op::kReduceScatter && sh->ef) {
+        if (sh->ef->count != 0 && sh->ef->count != count)
+          fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(sh->ef->count) +
+                                             ", used with count " + std::to_string(count));
+        if (sh->ef->device)
+          fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
+      }
       std::set<const engine::ErrorFeedback*> efs;
       for (size_t i = 0; i < n; ++i) {
         const engine::ErrorFeedback* ef = ts[i].ef;
@@ -535,19 +574,24 @@ class HierComm final : public capi::Composite {
         for (int i = 0; i < slices_; ++i) finite &= check_finite(ts.data(), sl.p[i], 0, sl.len[i]);
       }
     });
-    const std::vector<Field> fields = call_fields(cod, count, mean, round, tensors);
+    const std::vector<Field> fields = call_fields(cod, count, mean, round, tensors, op);
     std::vector<uint32_t> hdr = words(fields, rank_, own.get());
     if (!finite) engine::put_rank(&hdr[kWordRanks], rank_);
-    hdr[kWordDevice] = device ? 1u : 0u;
+    hdr[kWordDevice] = device || (op == Op::kAllgather && sh->ef) ? 1u : 0u;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
     std::atomic_thread_fence(std::memory_order_seq_cst);
     judge(hdr.data(), fields, rank_, size_, own.get(), !finite, true, "this call before exchanging", w_.naming(ctl_));
 
     if (hdr[kWordDevice] != 0) {
-      // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
+      // Device buffers (on some rank): the engine's GPU path, flat, on every rank (so too an
+      // allgather with error feedback).
       on_flat([&](engine::Engine& e) {
-        if (group) {
+        if (op == Op::kReduceScatter) {
+          e.reduce_scatter(scheme, sh->send, sh->recv, sh->counts, sh->dtype, mean, sh->ef);
+        } else if (op == Op::kAllgather) {
+          e.allgather(scheme, sh->send, sh->recv, sh->counts, sh->dtype, sh->ef);
+        } else if (group) {
           e.allreduce_group(scheme, given, n, mean);
         } else {
           e.allreduce(scheme, given[0].send, given[0].recv, given[0].count, given[0].dtype, mean, given[0].ef);
@@ -577,7 +621,7 @@ class HierComm final : public capi::Composite {
     if (single) {
       if (owner) {
         P = output() + lrank_ * w;
-        reduce_slice(ts.data(), mine, 0, len, lrank_ * w, P);
+        combine_slice(op, ts.data(), mine, 0, len, lrank_ * w, P);
       }
     } else {
       if (owner) {
@@ -588,7 +632,7 @@ class HierComm final : public capi::Composite {
         if (k) barrier("a round's inputs read");
         write_round(ts.data(), sl, k, w);
         barrier("a round's inputs written");
-        if (owner && k * w < len) reduce_slice(ts.data(), mine, k * w, std::min(w, len - k * w), lrank_ * w, P + k * w);
+        if (owner && k * w < len) combine_slice(op, ts.data(), mine, k * w, std::min(w, len - k * w), lrank_ * w, P + k * w);
       }
     }
 
@@ -599,22 +643,45 @@ class HierComm final : public capi::Composite {
     // A failure of any slice fails the call on every rank (below): the residuals are then put
     // back as they were, as if the call had not been made (the successful slices advanced
     // theirs). A piece's residual sits at the front of its tensor's state, which keeps the
-    // tensor's count of elements (as the flat engine's would) so it stays safe to hand to any call.
-    std::vector<engine::ErrorFeedback> subs(mine.size());
-    std::vector<std::vector<float>> saved(mine.size());
-    for (size_t j = 0; j < mine.size(); ++j) {
-      engine::ErrorFeedback* ef = ts[mine[j].t].ef;
+    // tensor's count of elements (as the flat engine's would) so it stays safe to hand to any call;
+    // a reduce-scatter's state (of the whole input) holds the residual of this rank's slice at
+    // its front.
+    struct Binding {
+      engine::ErrorFeedback* ef = nullptr;
+      uint64_t len = 0;    // elements of this rank's slice it holds
+      uint64_t count = 0;  // what the state is bound to
+    };
+    std::vector<Binding> binds;
+    if (op == Op::kAllreduce) {
+      for (const Piece& p : mine) binds.push_back({ts[p.t].ef, p.len, ts[p.t].count});
+    } else if (op == Op::kReduceScatter && sh->ef && !mine.empty()) {
+      binds.push_back({sh->ef, len, count});
+    }
+    std::vector<engine::ErrorFeedback> subs(binds.size());
+    std::vector<std::vector<float>> saved(binds.size());
+    for (size_t j = 0; j < binds.size(); ++j) {
+      engine::ErrorFeedback* ef = binds[j].ef;
       if (!ef) continue;
-      if (ef->count != 0) saved[j].assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(mine[j].len));
-      subs[j].count = ef->count == 0 ? 0 : mine[j].len;
+      if (ef->count != 0) saved[j].assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(binds[j].len));
+      subs[j].count = ef->count == 0 ? 0 : binds[j].len;
       subs[j].residual = std::move(ef->residual);
     }
     if (!mine.empty()) {
       capture(&own, [&] {
         const engine::EngineStats before = inner_->stats();
-        // One piece (every single allreduce): the engine's allreduce, whose host path (the PS
-        // encoding into the transport's buffers) is the measured one; the same bits as a group.
-        if (mine.size() == 1) {
+        if (op != Op::kAllreduce) {
+          // The pieces' owners: the host (the slice group's rank) of their shard's rank.
+          std::vector<engine::Engine::Part> parts;
+          parts.reserve(mine.size());
+          for (const Piece& p : mine) parts.push_back({p.o, p.len, lay_.host_of[p.t]});
+          if (op == Op::kReduceScatter) {
+            inner_->reduce_scatter_parts(scheme, P, len, parts.data(), parts.size(), false, binds.empty() ? nullptr : &subs[0]);
+          } else {
+            inner_->allgather_parts(scheme, P, len, parts.data(), parts.size());
+          }
+        } else if (mine.size() == 1) {
+          // One piece (every single allreduce): the engine's allreduce, whose host path (the PS
+          // encoding into the transport's buffers) is the measured one; the same bits as a group.
           const Piece& p = mine[0];
           inner_->allreduce(scheme, P + p.o, P + p.o, p.len, engine::DType::kF32, false,
                             ts[p.t].ef ? &subs[0] : nullptr);
@@ -629,15 +696,12 @@ class HierComm final : public capi::Composite {
         const engine::EngineStats& after = inner_->stats();
         up = after.wire_bytes_up - before.wire_bytes_up;
         down = after.wire_bytes_down - before.wire_bytes_down;
-        algo = after.last_algo;
-        if (mean) {
-          const float sc = 1.0f / static_cast<float>(size_);
-          for (uint64_t i = 0; i < len; ++i) P[i] *= sc;
-        }
+        algo = op == Op::kAllgather ? engine::Algo::kPs : after.last_algo;
+        if (mean) codec::kern::scale_by(P, len, 1.0f / static_cast<float>(size_));
       });
     }
-    for (size_t j = 0; j < mine.size(); ++j)
-      if (engine::ErrorFeedback* ef = ts[mine[j].t].ef) ef->residual = std::move(subs[j].residual);
+    for (size_t j = 0; j < binds.size(); ++j)
+      if (engine::ErrorFeedback* ef = binds[j].ef) ef->residual = std::move(subs[j].residual);
     // Every rank learns whether every slice made it before any output is written.
     std::vector<uint32_t> post = words({}, rank_, own.get());
     post.push_back(owner && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
@@ -647,8 +711,8 @@ class HierComm final : public capi::Composite {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       judge(post.data(), {}, rank_, size_, own.get(), false, false, "the compressed stage", w_.naming(ctl_));
     } catch (const Error&) {
-      for (size_t j = 0; j < mine.size(); ++j) {
-        engine::ErrorFeedback* ef = ts[mine[j].t].ef;
+      for (size_t j = 0; j < binds.size(); ++j) {
+        engine::ErrorFeedback* ef = binds[j].ef;
         if (!ef) continue;
         if (ef->count != 0) {
           std::copy(saved[j].begin(), saved[j].end(), ef->residual.begin());
@@ -658,11 +722,15 @@ class HierComm final : public capi::Composite {
       }
       throw;
     }
-    // Every state of the call is bound to its tensor's count (this rank's slices of it at the front).
-    for (const engine::Tensor& t : ts) {
-      if (!t.ef || t.count == 0) continue;
-      if (t.ef->count == 0) t.ef->count = t.count;
-      if (t.ef->residual.size() < t.count) t.ef->residual.resize(t.count, 0.0f);
+    // Every state of the call is bound to its tensor's count (this rank's slices of it at the
+    // front; a reduce-scatter's to the whole input's).
+    std::vector<Binding> all;
+    for (const engine::Tensor& t : ts)
+      if (t.ef && t.count) all.push_back({t.ef, 0, t.count});
+    if (op == Op::kReduceScatter && sh->ef) all.push_back({sh->ef, 0, count});
+    for (const Binding& b : all) {
+      if (b.ef->count == 0) b.ef->count = b.count;
+      if (b.ef->residual.size() < b.count) b.ef->residual.resize(b.count, 0.0f);
     }
 
     // ---- intra-host allgather: every rank reads the reduced slices.
@@ -684,13 +752,39 @@ class HierComm final : public capi::Composite {
     }
     if (!single) ++streamed_;
     account(count, up, down, post.back() == 2u ? engine::Algo::kPs : engine::Algo::kInt);
+    if (group || sh) stats_.calls += nonempty - 1;  // one per non-empty tensor (shard), as flat
     if (group) {
-      stats_.calls += nonempty - 1;
       if (nonempty > 1) {
         stats_.groups++;
         stats_.grouped_tensors += nonempty;
       }
     }
+  }
+
+  // The shards as the tensors of a call: tensor q is rank q's shard, read from this rank's input
+  // (reduce-scatter: every shard; allgather: its own only) and written where this rank's result
+  // goes (reduce-scatter: its own only; allgather: every shard).
+  void run_shards(codec::Scheme scheme, const Shards& sh, bool mean) {
+    const size_t es = engine::dtype_size(sh.dtype);
+    const bool in_place = sh.send == nullptr || sh.send == THC_IN_PLACE;
+    std::vector<engine::Tensor> ts(static_cast<size_t>(size_));
+    uint64_t off = 0;
+    for (int q = 0; q < size_; ++q) {
+      engine::Tensor& t = ts[static_cast<size_t>(q)];
+      t.count = sh.counts[q];
+      t.dtype = sh.dtype;
+      char* at = sh.recv ? static_cast<char*>(sh.recv) + off * es : nullptr;
+      if (sh.op == Op::kReduceScatter) {
+        const char* in = static_cast<const char*>(in_place ? sh.recv : sh.send);
+        t.send = in ? in + off * es : nullptr;
+        if (q == rank_) t.recv = sh.recv;
+      } else {
+        t.recv = at;
+        if (q == rank_) t.send = in_place ? at : sh.send;
+      }
+      off += t.count;
+    }
+    run(scheme, ts.data(), ts.size(), mean, false, &sh);
   }
 
   // Elements [f, f + len) of tensor t, at offset o of its slice.
@@ -705,7 +799,7 @@ class HierComm final : public capi::Composite {
   };
 
   std::vector<Field> call_fields(const codec::Codec* cod, uint64_t count, bool mean, uint32_t round,
-                                 uint64_t tensors) const {
+                                 uint64_t tensors, Op op = Op::kAllreduce) const {
     const int block_log2 = engine::log2_exact(cfg_.block);
     const uint64_t chunk_blocks =
         block_log2 < 0 ? 0 : std::max<uint64_t>(1, static_cast<uint64_t>(cfg_.chunk_bytes) / 4 / (uint64_t{1} << block_log2));
@@ -717,7 +811,8 @@ class HierComm final : public capi::Composite {
         {"the algorithm (THC_ALGO)", static_cast<uint64_t>(cfg_.algo)},
         {"downstream re-compression (THC_BIDIR)", static_cast<uint64_t>(cfg_.bidir)},
         {"the call sequence (a rank skipped or added a call)", round},
-        {"the tensors of a group (their counts, in order)", tensors},
+        {"the tensors of a group or the shards (their counts, in order)", tensors},
+        {"the collective (allreduce, reduce-scatter or allgather)", static_cast<uint64_t>(op)},
     };
   }
 
@@ -882,6 +977,7 @@ class HierComm final : public capi::Composite {
     bool ok = true;
     each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t at) {
       const engine::Tensor& t = ts[p.t];
+      if (!t.send) return;  // (an allgather's other shards)
       if (check) {
         ok &= load_checked(t.send, t.dtype, first, m, dst + at);
       } else {
@@ -895,6 +991,7 @@ class HierComm final : public capi::Composite {
                           const float* src) {
     each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t at) {
       const engine::Tensor& t = ts[p.t];
+      if (!t.recv) return;  // (a reduce-scatter's other shards)
       engine::store_from_float(src + at, m, t.dtype, t.recv, first);
     });
   }
@@ -924,62 +1021,76 @@ class HierComm final : public capi::Composite {
     }
   }
 
+  // Whether the slice's elements [a, a + n) of the tensors' inputs are all finite (float32 read
+  // where it is, other types converted piece by piece).
   bool check_finite(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n) {
-    scratch_.resize(kPiece);
     bool ok = true;
-    for (uint64_t off = 0; off < n; off += kPiece)
-      ok &= load_range(ts, ps, a + off, std::min(kPiece, n - off), scratch_.data(), true);
+    each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t) {
+      const engine::Tensor& t = ts[p.t];
+      if (!t.send) return;
+      if (t.dtype == engine::DType::kF32) {
+        bool bad = false;
+        codec::kern::max_abs(static_cast<const float*>(t.send) + first, m, &bad);
+        ok &= !bad;
+        return;
+      }
+      scratch_.resize(kPiece);
+      for (uint64_t o = 0; o < m; o += kPiece)
+        ok &= load_checked(t.send, t.dtype, first + o, std::min(kPiece, m - o), scratch_.data());
+    });
     return ok;
   }
 
   // out[i] = sum over the host's ranks j, in order, of their element a + i of this rank's slice
-  // (its own from the tensors, the others' from their segments at `at`)
+  // (its own from the tensors, float32 read where it is; the others' from their segments at `at`)
   void reduce_slice(const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n, uint64_t at,
                     float* out) {
     scratch_.resize(kPiece);
+    auto add = [](int j, float* o, const float* x, uint64_t m) {
+      if (j == 0) {
+        std::memcpy(o, x, m * sizeof(float));
+      } else {
+        codec::kern::add_into(o, x, m);
+      }
+    };
     for (uint64_t off = 0; off < n; off += kPiece) {
       const uint64_t m = std::min(kPiece, n - off);
       float* o = out + off;
       for (int j = 0; j < lsize_; ++j) {
-        const float* x = input(j) + at + off;
-        if (j == lrank_) {
-          load_range(ts, ps, a + off, m, scratch_.data(), false);
-          x = scratch_.data();
+        if (j != lrank_) {
+          add(j, o, input(j) + at + off, m);
+          continue;
         }
-        if (j == 0) {
-          std::memcpy(o, x, m * sizeof(float));
-        } else {
-          for (uint64_t i = 0; i < m; ++i) o[i] += x[i];
-        }
+        each_part(ps, a + off, m, [&](const Piece& p, uint64_t first, uint64_t mm, uint64_t o2) {
+          const engine::Tensor& t = ts[p.t];
+          const float* x = scratch_.data() + o2;
+          if (t.dtype == engine::DType::kF32) {
+            x = static_cast<const float*>(t.send) + first;
+          } else {
+            engine::load_as_float(t.send, t.dtype, first, mm, nullptr, scratch_.data() + o2);
+          }
+          add(j, o + o2, x, mm);
+        });
       }
     }
   }
 
-  uint64_t total_of(const uint64_t* counts) const {
-    uint64_t t = 0;
-    for (int q = 0; q < size_; ++q) t += counts[q];
-    return t;
-  }
-
-  // Whether some rank passes device memory in this call on several tensors (an exchange every
-  // rank takes part in; see allreduce_group).
-  bool device_call(codec::Scheme scheme, uint64_t count, bool mean, const std::vector<const void*>& ptrs) {
-    w_.check_usable();
-    const uint32_t round = round_++;
-    std::unique_ptr<Error> own;
-    bool device = false;
-    const codec::Codec* cod = nullptr;
-    capture(&own, [&] {
-      cod = &codec_for(scheme);
-      for (const void* p : ptrs)
-        if (p && p != THC_IN_PLACE && engine::is_device_buffer(p)) device = true;
+  // What the compressed stage compresses of this rank's slice, elements [a, a + n) into out:
+  // the host's sum (reduce_slice), or for an allgather each piece from the rank whose shard it is
+  // where that rank is on this host (the others' pieces are not encoded here and stay as they are).
+  void combine_slice(Op op, const engine::Tensor* ts, const std::vector<Piece>& ps, uint64_t a, uint64_t n,
+                     uint64_t at, float* out) {
+    if (op != Op::kAllgather) return reduce_slice(ts, ps, a, n, at, out);
+    each_part(ps, a, n, [&](const Piece& p, uint64_t first, uint64_t m, uint64_t o) {
+      const int q = static_cast<int>(p.t);
+      if (lay_.host_of[static_cast<size_t>(q)] != lay_.host_index) return;
+      const int j = lay_.lrank_of[static_cast<size_t>(q)];
+      if (j == lrank_) {
+        engine::load_as_float(ts[p.t].send, ts[p.t].dtype, first, m, nullptr, out + o);
+      } else {
+        std::memcpy(out + o, input(j) + at + o, m * sizeof(float));
+      }
     });
-    const std::vector<Field> fields = call_fields(cod, count, mean, round, 0);
-    std::vector<uint32_t> hdr = words(fields, rank_, own.get());
-    hdr[kWordDevice] = device ? 1u : 0u;
-    w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
-    judge(hdr.data(), fields, rank_, size_, own.get(), false, false, "this call before exchanging", w_.naming(ctl_));
-    return hdr[kWordDevice] != 0;
   }
 
   // Runs fn on the flat engine (created on first use) and counts what it counted.
@@ -1130,6 +1241,13 @@ std::unique_ptr<capi::Composite> make_hier(MPI_Comm comm, const thc_config_t& cf
   lay.lsize = static_cast<int>(lay.local.size());
   lay.lrank = static_cast<int>(std::find(lay.local.begin(), lay.local.end(), rank) - lay.local.begin());
   for (const auto& m : members) lay.sizes.push_back(static_cast<int>(m.size()));
+  lay.host_of.assign(static_cast<size_t>(size), 0);
+  lay.lrank_of.assign(static_cast<size_t>(size), 0);
+  for (size_t h = 0; h < members.size(); ++h)
+    for (size_t l = 0; l < members[h].size(); ++l) {
+      lay.host_of[static_cast<size_t>(members[h][l])] = static_cast<int>(h);
+      lay.lrank_of[static_cast<size_t>(members[h][l])] = static_cast<int>(l);
+    }
   lay.slices = *std::min_element(lay.sizes.begin(), lay.sizes.end());
   lay.lmax = *std::max_element(lay.sizes.begin(), lay.sizes.end());
   if (lay.lrank < lay.slices)

@@ -25,24 +25,22 @@ class Composite {
   // A call (with elements) that failed before it reached the composite on a free communicator (an
   // argument the C API refused, blocking or not): counts it and takes part in its first exchange,
   // so that every rank fails it with `why.status()` (Engine::fail_call). Counts as one call even
-  // for a group or shards: a composite runs a group as one call, and shards (the defaults below)
-  // as one allreduce.
+  // for a group or shards: a composite runs each as one call.
   virtual void fail_call(const Error& why) = 0;
   virtual engine::EngineStats stats() const = 0;
   // Hosts the compressed stage spans (thc_stats_t::hier_hosts).
   virtual int hosts() const = 0;
   // THC_DEBUG line at destruction ("" if none).
   virtual std::string wire_stats() const { return {}; }
-  // Calls on several tensors (requests.cc has the defaults): a group as one allreduce per tensor
-  // (stopping at the first failure), reduce-scatter as an allreduce of the whole input of which
-  // this rank keeps its shard, allgather as an allreduce of the shards zero-padded to the whole
-  // (no error feedback). Correct, not fast: a composite that can do better overrides them (the
-  // hierarchical communicator runs a group as one call).
-  virtual void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean);
+  // Calls on several tensors, with Engine's contracts (allreduce_group, reduce_scatter,
+  // allgather): each one call. (No defaults: a group as one allreduce per tensor, a reduce-scatter
+  // as an allreduce of the whole, an allgather as an allreduce of zero-padded shards are correct
+  // but several times slower, and the last adds every rank's quantization noise of zeros.)
+  virtual void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) = 0;
   virtual void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
-                              engine::DType dtype, bool mean, engine::ErrorFeedback* ef);
+                              engine::DType dtype, bool mean, engine::ErrorFeedback* ef) = 0;
   virtual void allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
-                         engine::DType dtype, engine::ErrorFeedback* ef);
+                         engine::DType dtype, engine::ErrorFeedback* ef) = 0;
   // Nonblocking allreduces fuse into groups (requests.cc) on a composite whose groups run as one
   // stream: it says so (the same on every rank) and agrees on each group's members through
   // max_u32 (element-wise MAX over the ranks, bounded by THC_TIMEOUT_MS).

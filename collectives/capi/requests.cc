@@ -350,55 +350,11 @@ thc_status_t iallreduce(thc_scheme_t scheme, const void* sendbuf, void* recvbuf,
   return st;
 }
 
-// ---- Composite defaults: correct through allreduce, not fast.
-namespace {
-// The sum of every rank's count; *off: where rank me's shard starts.
-uint64_t shard_offset(const uint64_t* counts, int n, int me, uint64_t* off) {
-  uint64_t total = 0;
-  for (int q = 0; q < n; ++q) {
-    if (q == me) *off = total;
-    total += counts[q];
-  }
-  return total;
-}
-}  // namespace
-
-void Composite::allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) {
-  for (size_t i = 0; i < n; ++i)
-    if (ts[i].count) allreduce(scheme, ts[i].send, ts[i].recv, ts[i].count, ts[i].dtype, mean, ts[i].ef);
-}
-
+// ---- Composite defaults
 void Composite::max_u32(uint32_t* w, size_t n) {
   (void)w;
   (void)n;
   fail(Status::kInternal, "this communicator does not fuse calls");
-}
-
-void Composite::reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
-                               engine::DType dtype, bool mean, engine::ErrorFeedback* ef) {
-  const int me = rank();
-  uint64_t off = 0;
-  const uint64_t total = shard_offset(counts, size(), me, &off);
-  if (total == 0) return;
-  const size_t es = engine::dtype_size(dtype);
-  std::vector<uint8_t> all(total * es);
-  const void* in = (send == nullptr || send == THC_IN_PLACE) ? recv : send;
-  allreduce(scheme, in, all.data(), total, dtype, mean, ef);
-  if (counts[me]) std::memcpy(recv, all.data() + off * es, counts[me] * es);
-}
-
-void Composite::allgather(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
-                          engine::DType dtype, engine::ErrorFeedback* ef) {
-  (void)ef;  // the residual of a zero-padded whole would not be the shard's
-  const int me = rank();
-  uint64_t off = 0;
-  const uint64_t total = shard_offset(counts, size(), me, &off);
-  if (total == 0) return;
-  const size_t es = engine::dtype_size(dtype);
-  std::vector<uint8_t> all(total * es, 0);
-  const void* own = (send == nullptr || send == THC_IN_PLACE) ? static_cast<const uint8_t*>(recv) + off * es : send;
-  if (counts[me]) std::memcpy(all.data() + off * es, own, counts[me] * es);
-  allreduce(scheme, all.data(), recv, total, dtype, false, nullptr);
 }
 
 }  // namespace thc::capi

@@ -78,6 +78,8 @@ void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint
 }
 double SumSquaresImpl(const float* x, uint64_t n) { return kern::sum_squares_scalar(x, n); }
 float MaxAbsImpl(const float* x, uint64_t n, bool* bad) { return kern::max_abs_scalar(x, n, bad); }
+void AddIntoImpl(float* o, const float* x, uint64_t n) { kern::add_into_scalar(o, x, n); }
+void ScaleByImpl(float* x, uint64_t n, float s) { kern::scale_by_scalar(x, n, s); }
 void PackBitsImpl(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
   kern::pack_bits_scalar(codes, n, bits, out);
 }
@@ -680,6 +682,27 @@ float MaxAbsImpl(const float* HWY_RESTRICT x, uint64_t n, bool* bad) {
   return elem::bits_float(m);
 }
 
+void AddIntoImpl(float* HWY_RESTRICT o, const float* HWY_RESTRICT x, uint64_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  uint64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    hn::StoreU(hn::Add(hn::LoadU(df, o + i), hn::LoadU(df, x + i)), df, o + i);
+    hn::StoreU(hn::Add(hn::LoadU(df, o + i + N), hn::LoadU(df, x + i + N)), df, o + i + N);
+  }
+  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(df, o + i), hn::LoadU(df, x + i)), df, o + i);
+  if (i < n) kern::add_into_scalar(o + i, x + i, n - i);
+}
+
+void ScaleByImpl(float* HWY_RESTRICT x, uint64_t n, float s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, s);
+  uint64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vs), df, x + i);
+  if (i < n) kern::scale_by_scalar(x + i, n - i, s);
+}
+
 // Bit packing. b = 4: two codes per byte with vectors; other widths: 8 codes <-> b bytes with
 // BMI2 pext/pdep (AVX2 and later targets); b = 8: a copy. Tails go to the scalar reference, which
 // starts on a byte boundary because 8 codes fill exactly b bytes.
@@ -827,6 +850,8 @@ HWY_EXPORT(NatDequantImpl);
 HWY_EXPORT(StoreValuesImpl);
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MaxAbsImpl);
+HWY_EXPORT(AddIntoImpl);
+HWY_EXPORT(ScaleByImpl);
 HWY_EXPORT(PackBitsImpl);
 HWY_EXPORT(UnpackBitsImpl);
 HWY_EXPORT(LookupAdd4U8Impl);
@@ -862,6 +887,8 @@ void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_
 }
 double sum_squares(const float* x, uint64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
 float max_abs(const float* x, uint64_t n, bool* bad) { return HWY_DYNAMIC_DISPATCH(MaxAbsImpl)(x, n, bad); }
+void add_into(float* o, const float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(o, x, n); }
+void scale_by(float* x, uint64_t n, float s) { HWY_DYNAMIC_DISPATCH(ScaleByImpl)(x, n, s); }
 void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(PackBitsImpl)(codes, n, bits, out);
 }
@@ -1001,6 +1028,13 @@ double sum_squares_scalar(const float* x, uint64_t n) {
   for (int j = 0; j < 4; ++j) p[j] += p[j + 4];
   for (int j = 0; j < 2; ++j) p[j] += p[j + 2];
   return p[0] + p[1];
+}
+
+void add_into_scalar(float* o, const float* x, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) o[i] += x[i];
+}
+void scale_by_scalar(float* x, uint64_t n, float s) {
+  for (uint64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 float max_abs_scalar(const float* x, uint64_t n, bool* bad) {

@@ -124,6 +124,13 @@ double sum_squares_scalar(const float* x, uint64_t n);
 float max_abs(const float* x, uint64_t n, bool* bad);
 float max_abs_scalar(const float* x, uint64_t n, bool* bad);
 
+// o[i] += x[i] and x[i] *= s (float32, each element rounded once, as the scalar loops): the
+// hierarchical communicator's host sums and means.
+void add_into(float* o, const float* x, uint64_t n);
+void add_into_scalar(float* o, const float* x, uint64_t n);
+void scale_by(float* x, uint64_t n, float s);
+void scale_by_scalar(float* x, uint64_t n, float s);
+
 // pack_bits / unpack_bits (codes must be < 2^bits).
 void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);
 void pack_bits_scalar(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);

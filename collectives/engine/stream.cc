@@ -59,10 +59,12 @@ struct Engine::Stream {
     codec::Layout lay;
     codec::CallRng rng;
     uint64_t g0 = 0;  // first global block
+    int owner = -1;   // reduce-scatter: its only decoder; allgather: its only encoder
   };
   Kind kind = Kind::kAllreduce;
   codec::Scheme scheme = codec::Scheme::kThc;
   bool mean = false;
+  bool parts = false;  // reduce_scatter_parts / allgather_parts: in place, owners given
   std::vector<Seg> segs;
   std::string bad;  // an argument this rank refuses (checked where a failure is shared)
   Status bad_status = Status::kInvalidArgument;
@@ -113,6 +115,7 @@ void Engine::reduce_scatter(codec::Scheme scheme, const void* send, void* recv, 
     s.ef = ef;
     s.ef_count = total;
     s.res_off = off;
+    s.owner = q;
     st.segs.push_back(s);
     off += counts[q];
   }
@@ -138,10 +141,62 @@ void Engine::allgather(codec::Scheme scheme, const void* send, void* recv, const
       s.ef = ef;
       s.ef_count = counts[q];
     }
+    s.owner = q;
     st.segs.push_back(s);
     off += counts[q];
   }
   if (total != 0 && !recv) st.bad = "recvbuf is NULL";
+  run_stream(st);
+}
+
+namespace {
+// The i-th part's problem, if any ("" when it is well formed).
+std::string part_problem(const Engine::Part& p, size_t i, uint64_t count, int n, const float* buf) {
+  if (p.owner < 0 || p.owner >= n) return "part " + std::to_string(i) + ": owner " + std::to_string(p.owner) + " is no rank";
+  if (p.off > count || p.count > count - p.off) return "part " + std::to_string(i) + " lies beyond the buffer";
+  if (p.count && !buf) return "the buffer is NULL";
+  return "";
+}
+}  // namespace
+
+void Engine::reduce_scatter_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
+                                  bool mean, ErrorFeedback* ef) {
+  Stream st;
+  st.kind = Kind::kReduceScatter;
+  st.scheme = scheme;
+  st.mean = mean;
+  st.parts = true;
+  for (size_t i = 0; i < n; ++i) {
+    const Part& p = parts[i];
+    if (st.bad.empty()) st.bad = part_problem(p, i, count, size(), buf);
+    Stream::Seg s;
+    s.count = p.count;
+    s.send = buf ? buf + p.off : nullptr;
+    if (p.owner == rank()) s.recv = buf ? buf + p.off : nullptr;
+    s.ef = ef;
+    s.ef_count = count;
+    s.res_off = p.off;
+    s.owner = p.owner;
+    st.segs.push_back(s);
+  }
+  run_stream(st);
+}
+
+void Engine::allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n) {
+  Stream st;
+  st.kind = Kind::kAllgather;
+  st.scheme = scheme;
+  st.parts = true;
+  for (size_t i = 0; i < n; ++i) {
+    const Part& p = parts[i];
+    if (st.bad.empty()) st.bad = part_problem(p, i, count, size(), buf);
+    Stream::Seg s;
+    s.count = p.count;
+    s.recv = buf ? buf + p.off : nullptr;
+    if (p.owner == rank()) s.send = s.recv;
+    s.owner = p.owner;
+    st.segs.push_back(s);
+  }
   run_stream(st);
 }
 
@@ -204,7 +259,7 @@ void Engine::run_stream(Stream& st) {
     plan = this->plan(st.scheme, total, st.segs.empty() ? DType::kF32 : st.segs[0].dtype, st.mean);
     codp = plan.cod;
     uint64_t h = digest_mix(0, static_cast<uint64_t>(st.kind));
-    for (const Seg& s : st.segs) h = digest_mix(h, s.count);
+    for (const Seg& s : st.segs) h = digest_mix(st.parts ? digest_mix(h, static_cast<uint64_t>(s.owner)) : h, s.count);
     plan.tensors_digest = h | 1;
     h = 0;
     for (const PreludeField& f : prelude_fields(plan)) h = digest_mix(h, f.value);
@@ -290,15 +345,21 @@ void Engine::run_stream(Stream& st) {
       for (const Seg& s : st.segs)
         for (uint64_t b = 0; b < s.lay.nblocks; ++b) total_wire += block_wire(s, b);
       const uint64_t nchunks = std::max<uint64_t>(1, (total_wire + cap - 1) / cap);
+      // Rank q's tensors (its shard; or the parts it owns, in their order) are the chunk's
+      // wire elements [bounds[q], bounds[q + 1]).
+      std::vector<std::vector<size_t>> owned(static_cast<size_t>(n));
+      for (size_t si = 0; si < st.segs.size(); ++si) owned[static_cast<size_t>(st.segs[si].owner)].push_back(si);
       for (uint64_t k = 0; k < nchunks; ++k) {
         Chunk c;
         c.bounds.assign(static_cast<size_t>(n) + 1, 0);
         for (int q = 0; q < n; ++q) {
           c.wire = align8(c.wire);
           c.bounds[q] = c.wire;
-          const Seg& s = st.segs[q];
-          const uint64_t lo = s.lay.nblocks * k / nchunks, hi = s.lay.nblocks * (k + 1) / nchunks;
-          for (uint64_t b = lo; b < hi; ++b) add_block(c, static_cast<size_t>(q), b);
+          for (size_t si : owned[static_cast<size_t>(q)]) {
+            const Seg& s = st.segs[si];
+            const uint64_t lo = s.lay.nblocks * k / nchunks, hi = s.lay.nblocks * (k + 1) / nchunks;
+            for (uint64_t b = lo; b < hi; ++b) add_block(c, si, b);
+          }
         }
         c.wire = align8(c.wire);
         c.bounds[n] = c.wire;
@@ -425,7 +486,8 @@ void Engine::run_stream(Stream& st) {
   void* staged_dev = nullptr;  // the same on the device, in the shard's own type
   void* staged_to = nullptr;
   DType staged_dtype = DType::kF32;
-  if (st.kind == Kind::kReduceScatter && st.segs[static_cast<size_t>(me)].recv &&
+  // (Parts are in place and never overlap: nothing to stage.)
+  if (st.kind == Kind::kReduceScatter && !st.parts && st.segs[static_cast<size_t>(me)].recv &&
       st.segs[static_cast<size_t>(me)].count) {
     Seg& s = st.segs[static_cast<size_t>(me)];
     const char* lo = static_cast<const char*>(s.recv);

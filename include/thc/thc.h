@@ -317,8 +317,13 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * worker's contribution to an allreduce (no averaging over workers). state: error feedback of
  * this rank's shard (bound to recvcounts[rank]). sendbuf THC_IN_PLACE (or NULL): the own shard is
  * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI
- * communicator (THC_HIER) both run through its allreduce (README, Limitations), unless some rank
- * passes device buffers: then they run flat, as here. */
+ * communicator (THC_HIER) both run hierarchically on host buffers: the shards are summed (reduce-
+ * scatter) or gathered (allgather) over each host's shared memory, and the compressed stage across
+ * the hosts is itself a reduce-scatter (each host receives the sums of its own ranks' shards) or
+ * an allgather (each shard encoded once, on its rank's host); the results are those of the
+ * hierarchical allreduce group of the shards (reduce-scatter, bit for bit) and are the same on
+ * every rank (allgather). With device buffers on some rank, or an allgather with error feedback
+ * on some rank, they run flat, as here. */
 thc_status_t thc_reduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
                                 thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state);
 thc_status_t thc_ireduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,

@@ -49,6 +49,14 @@
 // (allreduce, reduce_scatter) alike, e.g. --op reduce_scatter -o avg. With --device, thc schemes
 // reduce-scatter device buffers (the device codec on the engine's stream path) and --scheme none
 // stages the floats through host memory around MPI_Reduce_scatter_block.
+//
+// --op allgather times the parameter gather of ZeRO / FSDP (a LOSSY one: thc_allgather): size is
+// the whole output of a rank (nccl-tests' all_gather_perf convention), each rank contributes
+// size/n bytes, busbw = algbw * (n-1)/n. thc schemes run thc_allgather (each shard encoded once,
+// its codes gathered, decoded everywhere), --scheme none MPI_Allgather, bf16 the same on bfloat16.
+// wire_B/elem is what a rank receives per output element: the other ranks' codes (thc, counted),
+// (n-1)/n of the element bytes (none, bf16). The NMSE compares the whole output with the exact
+// gather.
 #include <mpi.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -230,7 +238,8 @@ struct Options {
   int iters = 20, warmup = 5, checks = 1;
   std::string dtype = "float", op = "sum", scheme = "none", algo = "auto";
   std::vector<std::string> ops;  // -o/--op values: sum|avg and allreduce|reduce_scatter
-  bool rs = false;
+  bool rs = false;  // --op reduce_scatter
+  bool ag = false;  // --op allgather
   int bits = -1, granularity = -1, nat_width = -1, nat_levels = -1, bidir = -1;
   std::string p, dnat_norm;
   long block = -1;
@@ -353,9 +362,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("-d,--datatype", o.dtype, "float | half | bfloat16 | double");
   app.add_option("-o,--op", o.ops,
-                 "sum | avg (the reduction), allreduce | reduce_scatter (the collective; reduce_scatter: each rank gets "
-                 "its 1/n shard of the sum, busbw factor (n-1)/n); may be given twice")
-      ->check(CLI::IsMember({"sum", "avg", "allreduce", "reduce_scatter"}))
+                 "sum | avg (the reduction), allreduce | reduce_scatter | allgather (the collective; reduce_scatter: "
+                 "each rank gets its 1/n shard of the sum; allgather: of the 1/n shards; busbw factor (n-1)/n); may "
+                 "be given twice")
+      ->check(CLI::IsMember({"sum", "avg", "allreduce", "reduce_scatter", "allgather"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--scheme", o.scheme,
                  "none (float MPI_Allreduce) | bf16 (float32 -> bfloat16 MPI_Allreduce -> float32, the DDP/Horovod "
@@ -404,7 +414,10 @@ int main(int argc, char** argv) {
 
   for (const std::string& v : o.ops) {
     if (v == "sum" || v == "avg") o.op = v;
-    if (v == "allreduce" || v == "reduce_scatter") o.rs = v == "reduce_scatter";
+    if (v == "allreduce" || v == "reduce_scatter" || v == "allgather") {
+      o.rs = v == "reduce_scatter";
+      o.ag = v == "allgather";
+    }
   }
   if (!parse_size(o.min_s, &o.min_bytes)) die_all("bad -b size '" + o.min_s + "'");
   if (!parse_size(o.max_s, &o.max_bytes)) die_all("bad -e size '" + o.max_s + "'");
@@ -447,6 +460,8 @@ int main(int argc, char** argv) {
   if (o.device) die_all("--device: this build has no CUDA (configure with THC_WITH_CUDA)");
 #endif
   if (o.rs && o.nccl) die_all("--op reduce_scatter runs over MPI or thc (no --nccl)");
+  if (o.ag && (o.nccl || o.device)) die_all("--op allgather runs on host buffers over MPI or thc (no --nccl, --device)");
+  if (o.ag && o.op == "avg") die_all("--op allgather gathers: no avg");
   const bool avg = o.op == "avg";
   thc_scheme_t scheme = THC_SCHEME_THC;
   if (o.scheme == "uhc") scheme = THC_SCHEME_UHC;
@@ -547,7 +562,10 @@ int main(int argc, char** argv) {
   if (g_rank == 0) {
     std::printf("# thc_allreduce_perf (thc %s): %snRanks %d minBytes %llu maxBytes %llu step: %llu(%s) warmup iters: %d "
                 "iters: %d check iters: %d\n",
-                thc_version(), o.rs ? "collective: reduce_scatter (busbw factor (n-1)/n) " : "", g_size,
+                thc_version(),
+                o.rs ? "collective: reduce_scatter (busbw factor (n-1)/n) "
+                     : (o.ag ? "collective: allgather (busbw factor (n-1)/n) " : ""),
+                g_size,
                 static_cast<unsigned long long>(o.min_bytes),
                 static_cast<unsigned long long>(o.max_bytes),
                 static_cast<unsigned long long>(o.factor > 1 ? static_cast<uint64_t>(o.factor) : o.step_bytes),
@@ -559,10 +577,11 @@ int main(int argc, char** argv) {
                   std::getenv("NCCL_COLLNET_ENABLE") ? std::getenv("NCCL_COLLNET_ENABLE") : "(unset)");
 #endif
     } else if (none) {
-      std::printf("# scheme: none (%s on %s)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce", ti.name);
+      std::printf("# scheme: none (%s on %s)", o.rs ? "MPI_Reduce_scatter_block" : (o.ag ? "MPI_Allgather" : "MPI_Allreduce"),
+                  ti.name);
     } else if (bf16) {
       std::printf("# scheme: bf16 (float -> bfloat16, %s with a bfloat16 SUM op in float, round to nearest "
-                  "even, -> float)", o.rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
+                  "even, -> float)", o.rs ? "MPI_Reduce_scatter_block" : (o.ag ? "MPI_Allgather" : "MPI_Allreduce"));
     } else {
       std::printf("# scheme: %s algo: %s", o.scheme.c_str(), o.algo.c_str());
       if (scheme == THC_SCHEME_THC || scheme == THC_SCHEME_UHC)
@@ -619,8 +638,10 @@ int main(int argc, char** argv) {
   for (uint64_t size = o.min_bytes; size <= o.max_bytes;
        size = o.factor > 1 ? std::max<uint64_t>(size + 1, static_cast<uint64_t>(size * o.factor)) : size + o.step_bytes) {
     // reduce_scatter: count is the whole input, equal shards of count/n (what is left over is not sent)
-    const size_t count = o.rs ? size / ti.size / g_size * g_size : size / ti.size;
-    const size_t shard = o.rs ? count / g_size : count;
+    // allgather: count is the whole output, rank r's shard of count/n the first elements of its input
+    const bool sharded = o.rs || o.ag;
+    const size_t count = sharded ? size / ti.size / g_size * g_size : size / ti.size;
+    const size_t shard = sharded ? count / g_size : count;
     const uint64_t bytes = count * ti.size;
     const std::vector<size_t> shards(static_cast<size_t>(g_size), shard);
     std::vector<char> send(bytes + 8), recv(bytes + 8);
@@ -631,7 +652,7 @@ int main(int argc, char** argv) {
     }
     thc_state_t state = nullptr;
     if (o.ef && thc_run && thc_state_create(&state) != THC_SUCCESS) die(thc_last_error());
-    std::vector<uint16_t> b16(bf16 ? count + shard + 4 : 0);
+    std::vector<uint16_t> b16(bf16 ? count + shard + 4 : 0);  // (allgather: the shard, then the whole)
 
     // --device: the same inputs in device memory; results come back to recv for the checks.
     char* dsend = nullptr;
@@ -664,7 +685,27 @@ int main(int argc, char** argv) {
         return;
       }
 #endif
-      if (o.rs) {
+      if (o.ag) {
+        if (none || bf16) {
+          if (shard > static_cast<size_t>(INT_MAX)) die("--op allgather: MPI counts are int");
+          if (bf16) {
+            const float* x = reinterpret_cast<const float*>(send.data());
+            for (size_t i = 0; i < shard; ++i) b16[i] = float_to_bf16(x[i]);
+            if (MPI_Allgather(b16.data(), static_cast<int>(shard), g_bf16, b16.data() + shard, static_cast<int>(shard),
+                              g_bf16, MPI_COMM_WORLD) != MPI_SUCCESS)
+              die("MPI_Allgather failed");
+            float* y = reinterpret_cast<float*>(recv.data());
+            for (size_t i = 0; i < count; ++i) y[i] = bf16_to_float(b16[shard + i]);
+          } else if (MPI_Allgather(send.data(), static_cast<int>(shard), mdt, recv.data(), static_cast<int>(shard), mdt,
+                                   MPI_COMM_WORLD) != MPI_SUCCESS) {
+            die("MPI_Allgather failed");
+          }
+        } else if (const thc_status_t st =
+                       thc_allgather(scheme, send.data(), recv.data(), shards.data(), ti.thc, tc, state);
+                   st != THC_SUCCESS) {
+          die(std::string("thc_allgather returned ") + status_name(st) + ": " + thc_last_error());
+        }
+      } else if (o.rs) {
         if (none || bf16) {
           const void* s = send.data();
           void* r = recv.data();
@@ -759,16 +800,24 @@ int main(int argc, char** argv) {
     row.size = bytes;
     row.count = count;
     row.type = ti.name;
-    row.redop = o.op;
+    row.redop = o.ag ? "none" : o.op;  // (nccl-tests print none for allgather)
     row.time_us = dtmax * 1e6;
     row.algbw = dtmax > 0 ? static_cast<double>(bytes) / 1e9 / dtmax : 0;
-    row.busbw = row.algbw * (g_size > 1 ? (o.rs ? 1.0 : 2.0) * (g_size - 1) / g_size : 0.0);
+    row.busbw = row.algbw * (g_size > 1 ? (sharded ? 1.0 : 2.0) * (g_size - 1) / g_size : 0.0);
     // The compressed stage's ranks: all (flat) or one per host (hierarchical).
     const int peers = thc_run && s1.hier_hosts > 0 ? s1.hier_hosts : g_size;
     const double share = peers > 1 ? (peers - 1.0) / peers : 0.0;
     // What crosses this rank's host link per element, each way (see host_link_per_elem).
     double cross_up = 0, cross_down = 0;
-    if (o.rs) {
+    if (o.ag) {
+      // What this rank receives per output element: the others' codes (thc) or values.
+      const double elems = thc_run ? static_cast<double>(s1.elements - s0.elements) : 0;
+      row.wire = thc_run ? (elems > 0 ? static_cast<double>(s1.wire_bytes_down - s0.wire_bytes_down) / elems : 0)
+                         : share * static_cast<double>(bf16 ? 2 : ti.size);
+      row.wire_up = row.wire_down = row.wire;
+      row.algo = thc_run ? (s1.calls == 0 ? "-" : "ps") : "mpi";
+      if (g_hosts > 1 && g_host_rank == 0) cross_up = cross_down = row.wire;
+    } else if (o.rs) {
       // What this rank sends per input element: (n-1)/n of its values (none, bf16) or codes (thc).
       const double elems = thc_run ? static_cast<double>(s1.elements - s0.elements) : 0;
       row.wire = thc_run ? (elems > 0 ? share * static_cast<double>(s1.wire_bytes_up - s0.wire_bytes_up) / elems : 0)
@@ -824,7 +873,12 @@ int main(int argc, char** argv) {
     if (o.checks > 0) {
       std::vector<double> in(count), exact(count);
       for (size_t i = 0; i < count; ++i) in[i] = load(send.data(), ti.thc, i);
-      mpi_allreduce_big(in.data(), exact.data(), count, MPI_DOUBLE, 8, MPI_SUM);
+      if (o.ag) {
+        MPI_Allgather(in.data(), static_cast<int>(shard), MPI_DOUBLE, exact.data(), static_cast<int>(shard), MPI_DOUBLE,
+                      MPI_COMM_WORLD);
+      } else {
+        mpi_allreduce_big(in.data(), exact.data(), count, MPI_DOUBLE, 8, MPI_SUM);
+      }
       if (avg)
         for (auto& v : exact) v /= g_size;
       thc_state_t cstate = nullptr;  // checks keep their own error-feedback residual
@@ -887,7 +941,8 @@ int main(int argc, char** argv) {
     if (!o.json.empty()) {
       std::ofstream f(o.json);
       if (!f) die("cannot write --json file '" + o.json + "'");
-      f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"collective\": \"" << (o.rs ? "reduce_scatter" : "allreduce")
+      f << "{\n  \"tool\": \"thc_allreduce_perf\",\n  \"collective\": \""
+        << (o.rs ? "reduce_scatter" : (o.ag ? "allgather" : "allreduce"))
         << "\",\n  \"ranks\": " << g_size << ",\n  \"scheme\": \"" << o.scheme
         << "\",\n  \"algo\": \"" << o.algo << "\",\n  \"type\": \"" << ti.name << "\",\n  \"redop\": \"" << o.op
         << "\",\n  \"nccl\": " << (o.nccl ? "true" : "false") << ",\n  \"buffers\": \"" << (o.device ? "device" : "host") << "\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup << ",\n  \"checks\": " << o.checks;

@@ -916,5 +916,29 @@ TEST(SimdKernels, PreludeStatistics) {
   });
 }
 
+// The hierarchical communicator's host sums and means: the same bits as the scalar loops, on
+// every target, for every length (vector body and tail), denormals and non-finite values included.
+TEST(SimdKernels, AddIntoAndScaleByMatchScalar) {
+  for_each_target([&] {
+    for (Input kind : {Input::kGauss, Input::kDenormal, Input::kHuge, Input::kMixed}) {
+      for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{15}, uint64_t{16}, uint64_t{33}, uint64_t{1025},
+                         uint64_t{70001}}) {
+        const auto x = make_input(kind, n, 5), y = make_input(Input::kGauss, n, 6);
+        auto a = y, b = y;
+        if (n > 3) a[n / 3] = b[n / 3] = std::numeric_limits<float>::infinity();
+        kern::add_into(a.data(), x.data(), n);
+        kern::add_into_scalar(b.data(), x.data(), n);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << input_name(kind) << " n=" << n;
+        for (float sc : {0.25f, 1.0f / 3.0f, 1e-30f}) {
+          auto c = x, d = x;
+          kern::scale_by(c.data(), n, sc);
+          kern::scale_by_scalar(d.data(), n, sc);
+          ASSERT_EQ(std::memcmp(c.data(), d.data(), n * sizeof(float)), 0) << input_name(kind) << " n=" << n;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace thc::codec
