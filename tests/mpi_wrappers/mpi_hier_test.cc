@@ -868,8 +868,9 @@ std::array<uint64_t, 2> wire_sum(const thc_stats_t& st) {
 TEST(Hier, ReduceScatterIsTheShardOfAGroupOfTheShards) {
   const int n = world(), me = rank();
   for (const Layout& lay : multi_layouts()) {
-    for (long arena : {0L, 1L << 20}) {
-      thc_config_t c = cfg_for(lay);
+    for (int v = 0; v < 3; ++v) {  // the integer ring and the colocated PS; in rounds
+      const long arena = v == 2 ? 1L << 20 : 0L;
+      thc_config_t c = cfg_for(lay, -1, v == 0 ? THC_ALGO_INT : THC_ALGO_PS);
       if (arena) c.hier_arena_bytes = arena;
       thc_comm_t rs = make(c), grp = make(c);
       ASSERT_EQ(hier_hosts(rs), lay.hosts());
@@ -886,8 +887,8 @@ TEST(Hier, ReduceScatterIsTheShardOfAGroupOfTheShards) {
           for (int call = 0; call < 2; ++call) {
             const thc_op_t op = call ? THC_OP_AVG : THC_OP_SUM;
             const bool in_place = kind == 1;
-            const std::string what = lay.str() + " arena " + std::to_string(arena) + " scheme " +
-                                     std::to_string(scheme) + " kind " + std::to_string(kind) + " call " +
+            const std::string what = lay.str() + " arena " + std::to_string(arena) + " algo " + std::to_string(c.algo) +
+                                     " scheme " + std::to_string(scheme) + " kind " + std::to_string(kind) + " call " +
                                      std::to_string(call);
             const auto x = gaussian(total, static_cast<uint32_t>(50 * kind + 7 * call + me));
             std::vector<float> y(in_place ? total : counts[me], 3.0f);
