@@ -945,8 +945,8 @@ TEST(Hier, ReduceScatterIsTheShardOfAGroupOfTheShards) {
 // once on its rank's host and decodes it on every host: identical bits everywhere, the error of
 // one encoding (as the flat allgather's), codes sent once per shard. (Before, it was an allreduce
 // of the shards zero-padded to the whole: every host sent codes for every element, twice the
-// flat allgather's bytes on 2 hosts, and received sums, not codes.) With error feedback it runs
-// flat (the residual is the shard's own), and binds the state to the own shard.
+// flat allgather's bytes on 2 hosts, and received sums, not codes.) Error feedback is the slice
+// owners' (they encode), the state bound to the own shard.
 TEST(Hier, AllgatherEncodesEachShardOnceOnItsHost) {
   const int n = world(), me = rank();
   for (const Layout& lay : multi_layouts()) {
@@ -994,20 +994,60 @@ TEST(Hier, AllgatherEncodesEachShardOnceOnItsHost) {
           EXPECT_LE(up, fup + fup / 50 + 64 * static_cast<uint64_t>(n) * lay.slices()) << what << ": " << up << " vs " << fup;
         }
       }
-      // With error feedback on one rank: flat, the state bound to the own shard.
+      // With error feedback (on every rank, on rank 0 only, on none), under heavy truncation (the
+      // mean of repeated calls stays biased without it): the slice owners keep the residual of the
+      // pieces they encode, so the mean of repeated allgathers of the same input converges to it;
+      // the states are bound to the own shard.
+      thc_config_t ct = c;
+      ct.p = 0.2;
+      thc_comm_t trunc = make(ct);
       const std::vector<size_t> counts = shard_counts(0);
       const size_t total = shard_offset(counts, n);
-      thc_state_t ef = nullptr;
-      if (me == 0) thc_state_create(&ef);
-      const auto x = gaussian(counts[me], 5 + me);
-      std::vector<float> all(total);
-      ASSERT_EQ(thc_allgather(THC_SCHEME_THC, x.data(), all.data(), counts.data(), THC_FLOAT32, h, ef), THC_SUCCESS)
-          << thc_last_error();
-      EXPECT_TRUE(same_on_every_rank(all));
-      if (ef) {
-        EXPECT_EQ(ef->ef.count, counts[me]);
-        thc_state_destroy(ef);
+      auto x = gaussian(counts[me], 5 + me);
+      x[17 * me % counts[me]] = 40.0f;
+      std::vector<int> rc(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        rc[q] = static_cast<int>(counts[q]);
+        displs[q] = static_cast<int>(shard_offset(counts, q));
       }
+      std::vector<float> exact(total);
+      MPI_Allgatherv(x.data(), static_cast<int>(x.size()), MPI_FLOAT, exact.data(), rc.data(), displs.data(), MPI_FLOAT,
+                     MPI_COMM_WORLD);
+      const std::vector<double> ex(exact.begin(), exact.end());
+      double mean_nmse[3] = {0, 0, 0};
+      for (int who = 0; who < 3; ++who) {  // every rank, rank 0, none
+        thc_state_t ef = nullptr;
+        if (who == 0 || (who == 1 && me == 0)) thc_state_create(&ef);
+        const int R = 40;
+        std::vector<double> acc(total, 0.0);
+        std::vector<float> all(total);
+        const thc_stats_t before = stats_of(trunc);
+        for (int r = 0; r < R; ++r) {
+          ASSERT_EQ(thc_allgather(THC_SCHEME_THC, x.data(), all.data(), counts.data(), THC_FLOAT32, trunc, ef),
+                    THC_SUCCESS)
+              << thc_last_error();
+          for (size_t i = 0; i < total; ++i) acc[i] += all[i] / static_cast<double>(R);
+        }
+        EXPECT_TRUE(same_on_every_rank(all));
+        mean_nmse[who] = nmse(std::vector<float>(acc.begin(), acc.end()), ex);
+        // hierarchical, error feedback or not: the codes cross to the other hosts once (the flat
+        // allgather's ranks each receive every other rank's)
+        thc_stats_t after = stats_of(trunc), fb = stats_of(flat);
+        after.wire_bytes_down -= before.wire_bytes_down;
+        ASSERT_EQ(thc_allgather(THC_SCHEME_THC, x.data(), all.data(), counts.data(), THC_FLOAT32, flat, nullptr),
+                  THC_SUCCESS);
+        thc_stats_t fa = stats_of(flat);
+        fa.wire_bytes_down -= fb.wire_bytes_down;
+        EXPECT_LT(wire_sum(after)[1] / R, wire_sum(fa)[1] * 3 / 4) << lay.str() << " error feedback on " << who;
+        if (ef) {
+          EXPECT_EQ(ef->ef.count, counts[me]);
+          EXPECT_GE(ef->ef.residual.size(), counts[me]);
+          thc_state_destroy(ef);
+        }
+      }
+      EXPECT_LT(mean_nmse[0], mean_nmse[2] / 5) << lay.str() << ": with error feedback " << mean_nmse[0]
+                                                << ", without " << mean_nmse[2];
+      thc_comm_destroy(trunc);
       thc_comm_destroy(h);
       thc_comm_destroy(flat);
     }

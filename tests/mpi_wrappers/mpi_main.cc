@@ -7,22 +7,26 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace {
 // The failures of a rank other than 0 (whose progress is not printed), with its rank.
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  // (The test's name is kept here: UnitTest::current_test_info() would take the lock that
+  // OnTestPartResult is called under.)
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = std::string(t.test_suite_name()) + "." + t.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::printf("rank %d: %s.%s: %s:%d: Failure\n%s\n", rank_, t ? t->test_suite_name() : "?", t ? t->name() : "?",
-                r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::printf("rank %d: %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
+                r.line_number(), r.message());
     std::fflush(stdout);
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 }  // namespace
 
