@@ -447,9 +447,8 @@ class HierComm final : public capi::Composite {
   // a reduce-scatter's slice owners reduce their pieces across the hosts and each piece is
   // decoded on the host of its shard's rank alone (the host of rank q reads only shard q's sums);
   // an allgather's pieces are gathered on their rank's host (no sum), encoded there once and
-  // decoded on every host. With device buffers on some rank, or an allgather with error feedback
-  // on some rank (its residual is its own shard's, which the slice owner that encodes a piece
-  // cannot keep), they run on the flat engine's stream path on every rank.
+  // decoded on every host (error feedback by the slice owner that encodes them, in its own state).
+  // With device buffers on some rank they run on the flat engine's stream path on every rank.
   void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) override {
     run(scheme, ts, n, mean, true);
   }
@@ -542,11 +541,12 @@ class HierComm final : public capi::Composite {
       for (const engine::Tensor& t : ts)
         if (t.count && (engine::is_device_buffer(t.send) || engine::is_device_buffer(t.recv))) device = true;
       if (device) return;  // the flat engine checks the rest
-      if (op == Op::kAllgather && sh->ef) return;  // so does it for an allgather with error feedback
-      if (op == Op::kReduceScatter && sh->ef) {
-        if (sh->ef->count != 0 && sh->ef->count != count)
+      if (sh && sh->ef) {
+        // bound to the whole input (reduce-scatter) or the own shard (allgather), as flat
+        const uint64_t bound = op == Op::kReduceScatter ? count : sh->counts[rank_];
+        if (sh->ef->count != 0 && sh->ef->count != bound)
           fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(sh->ef->count) +
-                                             ", used with count " + std::to_string(count));
+                                             ", used with count " + std::to_string(bound));
         if (sh->ef->device)
           fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
       }
@@ -577,15 +577,14 @@ class HierComm final : public capi::Composite {
     const std::vector<Field> fields = call_fields(cod, count, mean, round, tensors, op);
     std::vector<uint32_t> hdr = words(fields, rank_, own.get());
     if (!finite) engine::put_rank(&hdr[kWordRanks], rank_);
-    hdr[kWordDevice] = device || (op == Op::kAllgather && sh->ef) ? 1u : 0u;
+    hdr[kWordDevice] = device ? 1u : 0u;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     w_.max_u32(ctl_, hdr.data(), hdr.size(), "the first exchange of a call (MPI_Iallreduce)");
     std::atomic_thread_fence(std::memory_order_seq_cst);
     judge(hdr.data(), fields, rank_, size_, own.get(), !finite, true, "this call before exchanging", w_.naming(ctl_));
 
     if (hdr[kWordDevice] != 0) {
-      // Device buffers (on some rank): the engine's GPU path, flat, on every rank (so too an
-      // allgather with error feedback).
+      // Device buffers (on some rank): the engine's GPU path, flat, on every rank.
       on_flat([&](engine::Engine& e) {
         if (op == Op::kReduceScatter) {
           e.reduce_scatter(scheme, sh->send, sh->recv, sh->counts, sh->dtype, mean, sh->ef);
@@ -645,7 +644,9 @@ class HierComm final : public capi::Composite {
     // theirs). A piece's residual sits at the front of its tensor's state, which keeps the
     // tensor's count of elements (as the flat engine's would) so it stays safe to hand to any call;
     // a reduce-scatter's state (of the whole input) holds the residual of this rank's slice at
-    // its front.
+    // its front, an allgather's (bound to the own shard) that of the pieces of this rank's slice
+    // that it encodes (its host's), one after another: about as many elements as the shard (more
+    // when hosts have fewer slices than ranks: the state then holds more than its count).
     struct Binding {
       engine::ErrorFeedback* ef = nullptr;
       uint64_t len = 0;    // elements of this rank's slice it holds
@@ -656,12 +657,18 @@ class HierComm final : public capi::Composite {
       for (const Piece& p : mine) binds.push_back({ts[p.t].ef, p.len, ts[p.t].count});
     } else if (op == Op::kReduceScatter && sh->ef && !mine.empty()) {
       binds.push_back({sh->ef, len, count});
+    } else if (op == Op::kAllgather && sh->ef) {
+      uint64_t owned = 0;
+      for (const Piece& p : mine)
+        if (lay_.host_of[p.t] == lay_.host_index) owned += p.len;
+      if (owned) binds.push_back({sh->ef, owned, sh->counts[rank_]});
     }
     std::vector<engine::ErrorFeedback> subs(binds.size());
     std::vector<std::vector<float>> saved(binds.size());
     for (size_t j = 0; j < binds.size(); ++j) {
       engine::ErrorFeedback* ef = binds[j].ef;
       if (!ef) continue;
+      if (ef->count != 0 && ef->residual.size() < binds[j].len) ef->residual.resize(binds[j].len, 0.0f);
       if (ef->count != 0) saved[j].assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(binds[j].len));
       subs[j].count = ef->count == 0 ? 0 : binds[j].len;
       subs[j].residual = std::move(ef->residual);
@@ -677,7 +684,7 @@ class HierComm final : public capi::Composite {
           if (op == Op::kReduceScatter) {
             inner_->reduce_scatter_parts(scheme, P, len, parts.data(), parts.size(), false, binds.empty() ? nullptr : &subs[0]);
           } else {
-            inner_->allgather_parts(scheme, P, len, parts.data(), parts.size());
+            inner_->allgather_parts(scheme, P, len, parts.data(), parts.size(), binds.empty() ? nullptr : &subs[0]);
           }
         } else if (mine.size() == 1) {
           // One piece (every single allreduce): the engine's allreduce, whose host path (the PS
@@ -728,6 +735,7 @@ class HierComm final : public capi::Composite {
     for (const engine::Tensor& t : ts)
       if (t.ef && t.count) all.push_back({t.ef, 0, t.count});
     if (op == Op::kReduceScatter && sh->ef) all.push_back({sh->ef, 0, count});
+    if (op == Op::kAllgather && sh->ef) all.push_back({sh->ef, 0, sh->counts[rank_]});
     for (const Binding& b : all) {
       if (b.ef->count == 0) b.ef->count = b.count;
       if (b.ef->residual.size() < b.count) b.ef->residual.resize(b.count, 0.0f);

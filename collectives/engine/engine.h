@@ -130,15 +130,17 @@ class Engine {
   // work in place. reduce_scatter_parts: part i is reduced over the ranks and decoded into its
   // place in buf by its owner alone (the other ranks' buf keeps its input there); ef, if any,
   // holds the residual of the whole buffer. allgather_parts: part i is encoded by its owner from
-  // its place in buf and decoded into that place by every rank (no error feedback). Parts must
-  // not overlap. The hierarchical communicator's compressed stage (mpi_wrappers/hier.cc).
+  // its place in buf and decoded into that place by every rank; ef, if any, holds the residual of
+  // the parts this rank owns, one after another in their order. Parts must not overlap. The
+  // hierarchical communicator's compressed stage (mpi_wrappers/hier.cc).
   struct Part {
     uint64_t off = 0, count = 0;
     int owner = 0;
   };
   void reduce_scatter_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n, bool mean,
                             ErrorFeedback* ef);
-  void allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n);
+  void allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
+                       ErrorFeedback* ef);
 
   // The parts of allreduce the device path shares (device.h).
   // A call's plan; advances the call counter that freshens the randomness.

@@ -182,18 +182,29 @@ void Engine::reduce_scatter_parts(codec::Scheme scheme, float* buf, uint64_t cou
   run_stream(st);
 }
 
-void Engine::allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n) {
+void Engine::allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
+                             ErrorFeedback* ef) {
   Stream st;
   st.kind = Kind::kAllgather;
   st.scheme = scheme;
   st.parts = true;
+  uint64_t owned = 0;  // the own parts' elements: their residuals one after another
+  for (size_t i = 0; i < n; ++i)
+    if (parts[i].owner == rank()) owned += parts[i].count;
+  uint64_t res_off = 0;
   for (size_t i = 0; i < n; ++i) {
     const Part& p = parts[i];
     if (st.bad.empty()) st.bad = part_problem(p, i, count, size(), buf);
     Stream::Seg s;
     s.count = p.count;
     s.recv = buf ? buf + p.off : nullptr;
-    if (p.owner == rank()) s.send = s.recv;
+    if (p.owner == rank()) {
+      s.send = s.recv;
+      s.ef = ef;
+      s.ef_count = owned;
+      s.res_off = res_off;
+      res_off += p.count;
+    }
     s.owner = p.owner;
     st.segs.push_back(s);
   }

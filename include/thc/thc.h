@@ -322,8 +322,9 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * the hosts is itself a reduce-scatter (each host receives the sums of its own ranks' shards) or
  * an allgather (each shard encoded once, on its rank's host); the results are those of the
  * hierarchical allreduce group of the shards (reduce-scatter, bit for bit) and are the same on
- * every rank (allgather). With device buffers on some rank, or an allgather with error feedback
- * on some rank, they run flat, as here. */
+ * every rank (allgather). Error feedback is then that of the rank that encodes a piece (the
+ * hierarchical allreduce's rule: the residual of its slice), in its state. With device buffers on
+ * some rank they run flat, as here. */
 thc_status_t thc_reduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
                                 thc_dtype_t dtype, thc_op_t op, thc_comm_t comm, thc_state_t state);
 thc_status_t thc_ireduce_scatter(thc_scheme_t scheme, const void* sendbuf, void* recvbuf, const size_t* recvcounts,
