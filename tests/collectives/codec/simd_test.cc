@@ -928,12 +928,13 @@ TEST(SimdKernels, AddIntoAndScaleByMatchScalar) {
         if (n > 3) a[n / 3] = b[n / 3] = std::numeric_limits<float>::infinity();
         kern::add_into(a.data(), x.data(), n);
         kern::add_into_scalar(b.data(), x.data(), n);
-        ASSERT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0) << input_name(kind) << " n=" << n;
+        ASSERT_TRUE(n == 0 || std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0) << input_name(kind) << " n=" << n;
         for (float sc : {0.25f, 1.0f / 3.0f, 1e-30f}) {
           auto c = x, d = x;
           kern::scale_by(c.data(), n, sc);
           kern::scale_by_scalar(d.data(), n, sc);
-          ASSERT_EQ(std::memcmp(c.data(), d.data(), n * sizeof(float)), 0) << input_name(kind) << " n=" << n;
+          ASSERT_TRUE(n == 0 || std::memcmp(c.data(), d.data(), n * sizeof(float)) == 0)
+              << input_name(kind) << " n=" << n;
         }
       }
     }
