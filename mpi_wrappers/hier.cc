@@ -664,7 +664,9 @@ class HierComm final : public capi::Composite {
       if (owned) binds.push_back({sh->ef, owned, sh->counts[rank_]});
     }
     std::vector<engine::ErrorFeedback> subs(binds.size());
-    std::vector<std::vector<float>> saved(binds.size());
+    // (kept across calls: a fresh allocation of a slice's residual per call costs its page faults)
+    std::vector<std::vector<float>>& saved = saved_;
+    if (saved.size() < binds.size()) saved.resize(binds.size());
     for (size_t j = 0; j < binds.size(); ++j) {
       engine::ErrorFeedback* ef = binds[j].ef;
       if (!ef) continue;
@@ -1153,6 +1155,7 @@ class HierComm final : public capi::Composite {
   static constexpr uint64_t kPiece = 8192;
   std::vector<float> scratch_;
   std::vector<float> priv_;  // this rank's slice when a call streams in rounds
+  std::vector<std::vector<float>> saved_;  // a call's residuals as they were (put back if it fails)
   engine::EngineStats stats_;
 };
 

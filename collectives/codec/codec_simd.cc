@@ -80,6 +80,7 @@ double SumSquaresImpl(const float* x, uint64_t n) { return kern::sum_squares_sca
 float MaxAbsImpl(const float* x, uint64_t n, bool* bad) { return kern::max_abs_scalar(x, n, bad); }
 void AddIntoImpl(float* o, const float* x, uint64_t n) { kern::add_into_scalar(o, x, n); }
 void ScaleByImpl(float* x, uint64_t n, float s) { kern::scale_by_scalar(x, n, s); }
+void AddPairImpl(const float* a, const float* b, uint64_t n, float* out) { kern::add_pair_scalar(a, b, n, out); }
 void PackBitsImpl(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
   kern::pack_bits_scalar(codes, n, bits, out);
 }
@@ -703,6 +704,21 @@ void ScaleByImpl(float* HWY_RESTRICT x, uint64_t n, float s) {
   if (i < n) kern::scale_by_scalar(x + i, n - i, s);
 }
 
+// (No HWY_RESTRICT: out may be a or b.)
+void AddPairImpl(const float* a, const float* b, uint64_t n, float* out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  uint64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto v0 = hn::Add(hn::LoadU(df, a + i), hn::LoadU(df, b + i));
+    const auto v1 = hn::Add(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N));
+    hn::StoreU(v0, df, out + i);
+    hn::StoreU(v1, df, out + i + N);
+  }
+  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(df, a + i), hn::LoadU(df, b + i)), df, out + i);
+  if (i < n) kern::add_pair_scalar(a + i, b + i, n - i, out + i);
+}
+
 // Bit packing. b = 4: two codes per byte with vectors; other widths: 8 codes <-> b bytes with
 // BMI2 pext/pdep (AVX2 and later targets); b = 8: a copy. Tails go to the scalar reference, which
 // starts on a byte boundary because 8 codes fill exactly b bytes.
@@ -852,6 +868,7 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MaxAbsImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(ScaleByImpl);
+HWY_EXPORT(AddPairImpl);
 HWY_EXPORT(PackBitsImpl);
 HWY_EXPORT(UnpackBitsImpl);
 HWY_EXPORT(LookupAdd4U8Impl);
@@ -889,6 +906,9 @@ double sum_squares(const float* x, uint64_t n) { return HWY_DYNAMIC_DISPATCH(Sum
 float max_abs(const float* x, uint64_t n, bool* bad) { return HWY_DYNAMIC_DISPATCH(MaxAbsImpl)(x, n, bad); }
 void add_into(float* o, const float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(o, x, n); }
 void scale_by(float* x, uint64_t n, float s) { HWY_DYNAMIC_DISPATCH(ScaleByImpl)(x, n, s); }
+void add_pair(const float* a, const float* b, uint64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(AddPairImpl)(a, b, n, out);
+}
 void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(PackBitsImpl)(codes, n, bits, out);
 }
@@ -1035,6 +1055,9 @@ void add_into_scalar(float* o, const float* x, uint64_t n) {
 }
 void scale_by_scalar(float* x, uint64_t n, float s) {
   for (uint64_t i = 0; i < n; ++i) x[i] *= s;
+}
+void add_pair_scalar(const float* a, const float* b, uint64_t n, float* out) {
+  for (uint64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 float max_abs_scalar(const float* x, uint64_t n, bool* bad) {

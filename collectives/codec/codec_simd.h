@@ -130,6 +130,9 @@ void add_into(float* o, const float* x, uint64_t n);
 void add_into_scalar(float* o, const float* x, uint64_t n);
 void scale_by(float* x, uint64_t n, float s);
 void scale_by_scalar(float* x, uint64_t n, float s);
+// out[i] = a[i] + b[i] (out may be a or b; no partial overlap): error feedback's x = g + e.
+void add_pair(const float* a, const float* b, uint64_t n, float* out);
+void add_pair_scalar(const float* a, const float* b, uint64_t n, float* out);
 
 // pack_bits / unpack_bits (codes must be < 2^bits).
 void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);

@@ -1,5 +1,7 @@
 #include "collectives/engine/dtype.h"
 
+#include "collectives/codec/codec_simd.h"
+
 namespace thc::engine {
 
 const char* dtype_name(DType t) {
@@ -52,7 +54,7 @@ void load_as_float(const void* in, DType t, uint64_t first, uint64_t n, const fl
     case DType::kF32: {
       const float* p = static_cast<const float*>(in) + first;
       if (add) {
-        for (uint64_t i = 0; i < n; ++i) out[i] = p[i] + add[i];
+        codec::kern::add_pair(p, add, n, out);
       } else {
         std::memcpy(out, p, n * sizeof(float));
       }

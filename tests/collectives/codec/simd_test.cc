@@ -916,9 +916,9 @@ TEST(SimdKernels, PreludeStatistics) {
   });
 }
 
-// The hierarchical communicator's host sums and means: the same bits as the scalar loops, on
+// The hierarchical communicator's host sums and means, error feedback's x = g + e: the same bits as the scalar loops, on
 // every target, for every length (vector body and tail), denormals and non-finite values included.
-TEST(SimdKernels, AddIntoAndScaleByMatchScalar) {
+TEST(SimdKernels, AddIntoAddPairAndScaleByMatchScalar) {
   for_each_target([&] {
     for (Input kind : {Input::kGauss, Input::kDenormal, Input::kHuge, Input::kMixed}) {
       for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{15}, uint64_t{16}, uint64_t{33}, uint64_t{1025},
@@ -929,6 +929,10 @@ TEST(SimdKernels, AddIntoAndScaleByMatchScalar) {
         kern::add_into(a.data(), x.data(), n);
         kern::add_into_scalar(b.data(), x.data(), n);
         ASSERT_TRUE(n == 0 || std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0) << input_name(kind) << " n=" << n;
+        std::vector<float> e(n), f(n);
+        kern::add_pair(x.data(), y.data(), n, e.data());
+        kern::add_pair_scalar(x.data(), y.data(), n, f.data());
+        ASSERT_TRUE(n == 0 || std::memcmp(e.data(), f.data(), n * sizeof(float)) == 0) << input_name(kind) << " n=" << n;
         for (float sc : {0.25f, 1.0f / 3.0f, 1e-30f}) {
           auto c = x, d = x;
           kern::scale_by(c.data(), n, sc);
