@@ -266,22 +266,23 @@ Layout Codec::layout(uint64_t count) const {
   return l;
 }
 
-bool Codec::prelude(const float* x, uint64_t count, float* stats) const {
+bool Codec::prelude(const float* x, uint64_t count, float* stats, const float* add) const {
   const Layout l = layout(count);
   const bool l2 = rotates() || (params_.scheme == Scheme::kDnat && params_.dnat_norm == 2);
   bool finite = true;
   for (uint64_t b = 0; b < l.nblocks; ++b) {
     const float* p = x + b * l.block;
+    const float* q = add ? add + b * l.block : nullptr;
     const uint64_t m = l.elems(b);
     if (l2) {
       // RMS over the block's wire size: MAX-combinable like the norm, and never overflows float.
       // The sum of squares has a fixed summation order (kern::sum_squares), whatever the SIMD width.
-      const double s = kern::sum_squares(p, m);
+      const double s = q ? kern::sum_squares_sum(p, q, m) : kern::sum_squares(p, m);
       if (!std::isfinite(s)) finite = false;
       stats[b] = static_cast<float>(std::sqrt(s / static_cast<double>(l.wire(b))));
     } else {
       bool bad = false;
-      stats[b] = kern::max_abs(p, m, &bad);
+      stats[b] = q ? kern::max_abs_sum(p, q, m, &bad) : kern::max_abs(p, m, &bad);
       if (bad) finite = false;
     }
   }

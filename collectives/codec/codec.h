@@ -133,7 +133,9 @@ class Codec {
 
   // Prelude statistic of each block of x[0..count): L2 norm (THC, Dnat p=2) or max |x| (Cnat,
   // Dnat p=inf). Returns false if any element is NaN or infinite (stats are then meaningless).
-  bool prelude(const float* x, uint64_t count, float* stats) const;
+  // add (optional): the statistics of x[i] + add[i] (each sum rounded to float), as if that sum
+  // had been stored and passed as x (error feedback's x = g + e without staging it).
+  bool prelude(const float* x, uint64_t count, float* stats, const float* add = nullptr) const;
 
   // Encode the blocks [first_block, first_block + nblocks) of a call. x points at the first
   // element of first_block, stats at the global (MAX-combined) statistic of first_block.

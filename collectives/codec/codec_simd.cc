@@ -78,6 +78,10 @@ void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint
 }
 double SumSquaresImpl(const float* x, uint64_t n) { return kern::sum_squares_scalar(x, n); }
 float MaxAbsImpl(const float* x, uint64_t n, bool* bad) { return kern::max_abs_scalar(x, n, bad); }
+double SumSquaresSumImpl(const float* x, const float* add, uint64_t n) { return kern::sum_squares_sum_scalar(x, add, n); }
+float MaxAbsSumImpl(const float* x, const float* add, uint64_t n, bool* bad) {
+  return kern::max_abs_sum_scalar(x, add, n, bad);
+}
 void AddIntoImpl(float* o, const float* x, uint64_t n) { kern::add_into_scalar(o, x, n); }
 void ScaleByImpl(float* x, uint64_t n, float s) { kern::scale_by_scalar(x, n, s); }
 void AddPairImpl(const float* a, const float* b, uint64_t n, float* out) { kern::add_pair_scalar(a, b, n, out); }
@@ -608,32 +612,36 @@ void LookupAdd4U8Impl(const uint8_t* HWY_RESTRICT table, const uint8_t* HWY_REST
   if (i < n) kern::lookup_add4_u8_scalar(table, packed + i / 2, n - i, d + i);
 }
 
-double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) {
+// kAdd: of x[i] + add[i], each sum rounded to float before it is squared.
+template <bool kAdd>
+double SumSquaresT(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, uint64_t n) {
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dfh;  // Lanes(dd) floats
   const size_t Nd = hn::Lanes(dd);
-  if (Nd > 8 || 16 % Nd != 0) return kern::sum_squares_scalar(x, n);
+  if (Nd > 8 || 16 % Nd != 0) return kAdd ? kern::sum_squares_sum_scalar(x, add, n) : kern::sum_squares_scalar(x, n);
   const size_t K = 16 / Nd;
   auto a0 = hn::Zero(dd), a1 = hn::Zero(dd), a2 = hn::Zero(dd), a3 = hn::Zero(dd);
   auto a4 = hn::Zero(dd), a5 = hn::Zero(dd), a6 = hn::Zero(dd), a7 = hn::Zero(dd);
   const uint64_t n16 = n & ~uint64_t{15};
   // Squares of floats are exact in double, so a fused multiply-add here changes nothing.
-  auto sq = [&](const float* p) {
-    const auto v = hn::PromoteTo(dd, hn::LoadU(dfh, p));
+  auto sq = [&](uint64_t i) {
+    auto f = hn::LoadU(dfh, x + i);
+    if constexpr (kAdd) f = hn::Add(f, hn::LoadU(dfh, add + i));
+    const auto v = hn::PromoteTo(dd, f);
     return hn::Mul(v, v);
   };
   for (uint64_t i = 0; i < n16; i += 16) {
-    a0 = hn::Add(a0, sq(x + i));
-    a1 = hn::Add(a1, sq(x + i + Nd));
+    a0 = hn::Add(a0, sq(i));
+    a1 = hn::Add(a1, sq(i + Nd));
     if (K > 2) {
-      a2 = hn::Add(a2, sq(x + i + 2 * Nd));
-      a3 = hn::Add(a3, sq(x + i + 3 * Nd));
+      a2 = hn::Add(a2, sq(i + 2 * Nd));
+      a3 = hn::Add(a3, sq(i + 3 * Nd));
     }
     if (K > 4) {
-      a4 = hn::Add(a4, sq(x + i + 4 * Nd));
-      a5 = hn::Add(a5, sq(x + i + 5 * Nd));
-      a6 = hn::Add(a6, sq(x + i + 6 * Nd));
-      a7 = hn::Add(a7, sq(x + i + 7 * Nd));
+      a4 = hn::Add(a4, sq(i + 4 * Nd));
+      a5 = hn::Add(a5, sq(i + 5 * Nd));
+      a6 = hn::Add(a6, sq(i + 6 * Nd));
+      a7 = hn::Add(a7, sq(i + 7 * Nd));
     }
   }
   HWY_ALIGN double p[16];
@@ -649,38 +657,58 @@ double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) {
     hn::Store(a6, dd, p + 6 * Nd);
     hn::Store(a7, dd, p + 7 * Nd);
   }
-  for (uint64_t i = n16; i < n; ++i) p[i & 15] += static_cast<double>(x[i]) * x[i];
+  for (uint64_t i = n16; i < n; ++i) {
+    const float v = kAdd ? x[i] + add[i] : x[i];
+    p[i & 15] += static_cast<double>(v) * v;
+  }
   for (int j = 0; j < 8; ++j) p[j] += p[j + 8];
   for (int j = 0; j < 4; ++j) p[j] += p[j + 4];
   for (int j = 0; j < 2; ++j) p[j] += p[j + 2];
   return p[0] + p[1];
 }
+double SumSquaresImpl(const float* HWY_RESTRICT x, uint64_t n) { return SumSquaresT<false>(x, nullptr, n); }
+double SumSquaresSumImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, uint64_t n) {
+  return SumSquaresT<true>(x, add, n);
+}
 
 // max |x| on the bit patterns: for non-NaN floats, |x| orders as its bits (unsigned), and
 // every NaN is above +inf's 0x7F800000. Four independent unsigned-max chains; a block that holds
 // a NaN (maximum bits above +inf) takes the scalar reference, which skips NaN.
-float MaxAbsImpl(const float* HWY_RESTRICT x, uint64_t n, bool* bad) {
+template <bool kAdd>
+float MaxAbsT(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, uint64_t n, bool* bad) {
+  const DF df;
   const DU du;
   const size_t N = hn::Lanes(du);
-  const auto* HWY_RESTRICT xu = reinterpret_cast<const uint32_t*>(x);
   const auto absm = hn::Set(du, 0x7FFFFFFFu);
   auto m0 = hn::Zero(du), m1 = hn::Zero(du), m2 = hn::Zero(du), m3 = hn::Zero(du);
+  // |x[i] (+ add[i])| as bits
+  auto absbits = [&](uint64_t i) {
+    auto f = hn::LoadU(df, x + i);
+    if constexpr (kAdd) f = hn::Add(f, hn::LoadU(df, add + i));
+    return hn::And(hn::BitCast(du, f), absm);
+  };
   uint64_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    m0 = hn::Max(m0, hn::And(hn::LoadU(du, xu + i), absm));
-    m1 = hn::Max(m1, hn::And(hn::LoadU(du, xu + i + N), absm));
-    m2 = hn::Max(m2, hn::And(hn::LoadU(du, xu + i + 2 * N), absm));
-    m3 = hn::Max(m3, hn::And(hn::LoadU(du, xu + i + 3 * N), absm));
+    m0 = hn::Max(m0, absbits(i));
+    m1 = hn::Max(m1, absbits(i + N));
+    m2 = hn::Max(m2, absbits(i + 2 * N));
+    m3 = hn::Max(m3, absbits(i + 3 * N));
   }
-  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::And(hn::LoadU(du, xu + i), absm));
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, absbits(i));
   uint32_t m = hn::GetLane(hn::MaxOfLanes(du, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
   for (; i < n; ++i) {
-    const uint32_t a = xu[i] & 0x7FFFFFFFu;
+    const float v = kAdd ? x[i] + add[i] : x[i];
+    const uint32_t a = elem::float_bits(v) & 0x7FFFFFFFu;
     m = a > m ? a : m;
   }
-  if (m > 0x7F800000u) return kern::max_abs_scalar(x, n, bad);  // some NaN
+  if (m > 0x7F800000u)  // some NaN
+    return kAdd ? kern::max_abs_sum_scalar(x, add, n, bad) : kern::max_abs_scalar(x, n, bad);
   *bad = m == 0x7F800000u;
   return elem::bits_float(m);
+}
+float MaxAbsImpl(const float* HWY_RESTRICT x, uint64_t n, bool* bad) { return MaxAbsT<false>(x, nullptr, n, bad); }
+float MaxAbsSumImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, uint64_t n, bool* bad) {
+  return MaxAbsT<true>(x, add, n, bad);
 }
 
 void AddIntoImpl(float* HWY_RESTRICT o, const float* HWY_RESTRICT x, uint64_t n) {
@@ -866,6 +894,8 @@ HWY_EXPORT(NatDequantImpl);
 HWY_EXPORT(StoreValuesImpl);
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MaxAbsImpl);
+HWY_EXPORT(SumSquaresSumImpl);
+HWY_EXPORT(MaxAbsSumImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(ScaleByImpl);
 HWY_EXPORT(AddPairImpl);
@@ -904,6 +934,12 @@ void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_
 }
 double sum_squares(const float* x, uint64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
 float max_abs(const float* x, uint64_t n, bool* bad) { return HWY_DYNAMIC_DISPATCH(MaxAbsImpl)(x, n, bad); }
+double sum_squares_sum(const float* x, const float* add, uint64_t n) {
+  return HWY_DYNAMIC_DISPATCH(SumSquaresSumImpl)(x, add, n);
+}
+float max_abs_sum(const float* x, const float* add, uint64_t n, bool* bad) {
+  return HWY_DYNAMIC_DISPATCH(MaxAbsSumImpl)(x, add, n, bad);
+}
 void add_into(float* o, const float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(o, x, n); }
 void scale_by(float* x, uint64_t n, float s) { HWY_DYNAMIC_DISPATCH(ScaleByImpl)(x, n, s); }
 void add_pair(const float* a, const float* b, uint64_t n, float* out) {
@@ -1065,6 +1101,30 @@ float max_abs_scalar(const float* x, uint64_t n, bool* bad) {
   bool b = false;
   for (uint64_t i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
+    b |= !(a <= 3.402823466e38f);
+    mx = a > mx ? a : mx;
+  }
+  *bad = b;
+  return mx;
+}
+
+double sum_squares_sum_scalar(const float* x, const float* add, uint64_t n) {
+  double p[16] = {};
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = x[i] + add[i];
+    p[i & 15] += static_cast<double>(v) * v;
+  }
+  for (int j = 0; j < 8; ++j) p[j] += p[j + 8];
+  for (int j = 0; j < 4; ++j) p[j] += p[j + 4];
+  for (int j = 0; j < 2; ++j) p[j] += p[j + 2];
+  return p[0] + p[1];
+}
+
+float max_abs_sum_scalar(const float* x, const float* add, uint64_t n, bool* bad) {
+  float mx = 0;
+  bool b = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i] + add[i]);
     b |= !(a <= 3.402823466e38f);
     mx = a > mx ? a : mx;
   }

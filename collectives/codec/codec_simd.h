@@ -123,6 +123,12 @@ double sum_squares_scalar(const float* x, uint64_t n);
 // max |x[i]| ignoring NaN; *bad is set when some element is NaN or infinite.
 float max_abs(const float* x, uint64_t n, bool* bad);
 float max_abs_scalar(const float* x, uint64_t n, bool* bad);
+// The same of x[i] + add[i] (each sum rounded to float first), without storing the sums: the
+// prelude of a call with error feedback (x = g + e).
+double sum_squares_sum(const float* x, const float* add, uint64_t n);
+double sum_squares_sum_scalar(const float* x, const float* add, uint64_t n);
+float max_abs_sum(const float* x, const float* add, uint64_t n, bool* bad);
+float max_abs_sum_scalar(const float* x, const float* add, uint64_t n, bool* bad);
 
 // o[i] += x[i] and x[i] *= s (float32, each element rounded once, as the scalar loops): the
 // hierarchical communicator's host sums and means.

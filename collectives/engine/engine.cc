@@ -440,10 +440,15 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     for (const uint64_t run : runs) {
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, run * B);
-      const float* xp = sendf ? sendf + first : xbuf.data();
-      if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
       st.resize(run);
-      finite &= host_->prelude(cod, xp, m, st.data());
+      if (dtype == DType::kF32 && efr) {
+        // x = grad + e without staging it (the encode below stages it)
+        finite &= host_->prelude(cod, static_cast<const float*>(send) + first, m, st.data(), efr + first);
+      } else {
+        const float* xp = sendf ? sendf + first : xbuf.data();
+        if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
+        finite &= host_->prelude(cod, xp, m, st.data());
+      }
       for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
       b0 += run;
     }

@@ -92,13 +92,13 @@ HostCodec::HostCodec(int threads) : threads_(std::max(1, threads)), ws_(static_c
 
 HostCodec::~HostCodec() = default;
 
-bool HostCodec::prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats) {
-  if (!pool_) return c.prelude(x, count, stats);
+bool HostCodec::prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats, const float* add) {
+  if (!pool_) return c.prelude(x, count, stats, add);
   const uint64_t B = c.block();
   const uint64_t nb = (count + B - 1) / B;
   std::atomic<bool> finite{true};
   pool_->run(nb, [&](uint64_t k, int) {
-    if (!c.prelude(x + k * B, std::min(B, count - k * B), stats + k)) finite.store(false);
+    if (!c.prelude(x + k * B, std::min(B, count - k * B), stats + k, add ? add + k * B : nullptr)) finite.store(false);
   });
   return finite.load();
 }

@@ -34,7 +34,7 @@ class HostCodec {
 
   // Codec::prelude of the whole blocks starting at x (x at a block boundary of the call; count
   // reaches the end of the call or a block boundary).
-  bool prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats);
+  bool prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats, const float* add = nullptr);
 
   // Codec::encode of blocks [first, first + n): out's pointers at the first block, as for
   // Codec::encode. The calling thread runs progress() (if set) after each kProgressElems

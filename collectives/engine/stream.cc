@@ -416,6 +416,12 @@ void Engine::run_stream(Stream& st) {
           const uint64_t first = b0 * B;
           const uint64_t m = std::min<uint64_t>(s.count - first, plan.chunk_blocks * B);
           const float* xp;
+          stv.resize(std::min<uint64_t>(plan.chunk_blocks, s.lay.nblocks - b0));
+          if (s.dtype == DType::kF32 && s.res) {  // x = grad + e, not staged
+            finite &= host_->prelude(cod, static_cast<const float*>(s.send) + first, m, stv.data(), s.res + first);
+            for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
+            continue;
+          }
           if (direct) {
             xp = static_cast<const float*>(s.send) + first;
           } else {
@@ -423,7 +429,6 @@ void Engine::run_stream(Stream& st) {
             load_as_float(s.send, s.dtype, first, m, s.res ? s.res + first : nullptr, xs.data());
             xp = xs.data();
           }
-          stv.resize(std::min<uint64_t>(plan.chunk_blocks, s.lay.nblocks - b0));
           finite &= host_->prelude(cod, xp, m, stv.data());
           for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
         }

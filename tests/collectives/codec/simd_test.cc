@@ -899,6 +899,23 @@ TEST(SimdKernels, PreludeStatistics) {
         const float m1 = kern::max_abs(x.data(), n, &b1), m2 = kern::max_abs_scalar(x.data(), n, &b2);
         ASSERT_EQ(elem::float_bits(m1), elem::float_bits(m2));
         ASSERT_EQ(b1, b2);
+        // Of x + e without storing it: the statistics of the stored sum, bit for bit.
+        {
+          const auto e = make_input(Input::kGauss, n, 78);
+          std::vector<float> xe(n);
+          for (uint64_t i = 0; i < n; ++i) xe[i] = x[i] + e[i];
+          const double t1 = kern::sum_squares_sum(x.data(), e.data(), n), t2 = kern::sum_squares(xe.data(), n),
+                       t3 = kern::sum_squares_sum_scalar(x.data(), e.data(), n);
+          ASSERT_EQ(std::memcmp(&t1, &t2, 8), 0) << input_name(kind) << " n=" << n;
+          ASSERT_EQ(std::memcmp(&t1, &t3, 8), 0) << input_name(kind) << " n=" << n;
+          bool c1, c2, c3;
+          const float u1 = kern::max_abs_sum(x.data(), e.data(), n, &c1), u2 = kern::max_abs(xe.data(), n, &c2),
+                      u3 = kern::max_abs_sum_scalar(x.data(), e.data(), n, &c3);
+          ASSERT_EQ(elem::float_bits(u1), elem::float_bits(u2)) << input_name(kind) << " n=" << n;
+          ASSERT_EQ(elem::float_bits(u1), elem::float_bits(u3)) << input_name(kind) << " n=" << n;
+          ASSERT_EQ(c1, c2);
+          ASSERT_EQ(c1, c3);
+        }
         if (n > 3) {  // non-finite detection
           for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN()}) {
@@ -907,6 +924,11 @@ TEST(SimdKernels, PreludeStatistics) {
             const float a1 = kern::max_abs(y.data(), n, &b1), a2 = kern::max_abs_scalar(y.data(), n, &b2);
             ASSERT_TRUE(b1);
             ASSERT_TRUE(b2);
+            const std::vector<float> zero(n, 0.0f);
+            bool b3;
+            ASSERT_EQ(elem::float_bits(kern::max_abs_sum(y.data(), zero.data(), n, &b3)), elem::float_bits(a1));
+            ASSERT_TRUE(b3);
+            ASSERT_FALSE(std::isfinite(kern::sum_squares_sum(y.data(), zero.data(), n)));
             ASSERT_EQ(elem::float_bits(a1), elem::float_bits(a2));
             ASSERT_FALSE(std::isfinite(kern::sum_squares(y.data(), n)));
           }
