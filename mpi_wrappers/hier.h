@@ -24,10 +24,11 @@
 // local rank i). A group (thc_allreduce_group, fused nonblocking allreduces) is one such call:
 // each tensor sliced as its own call would be, slice i holding the tensors' slices i one after
 // another, one pass through the arena, and per slice one compressed group (the engine's stream
-// path) over the pieces, so the results are bit for bit those of the separate calls. Device
-// buffers on any rank make the call run flat (the engine's GPU path) on every rank; so do
-// reduce-scatter and allgather (the flat engine's stream path), which with host buffers
-// everywhere go through the hierarchical allreduce.
+// path) over the pieces, so the results are bit for bit those of the separate calls. So is a
+// reduce-scatter or allgather, with the ranks' shards as the tensors and a compressed stage that
+// is itself a reduce-scatter (each host decodes only its ranks' shards) or an allgather (each
+// shard gathered on its rank's host, encoded there once, decoded everywhere). Device buffers on
+// any rank make the call run flat (the engine's GPU path, or its stream path) on every rank.
 #pragma once
 
 #include <mpi.h>
