@@ -514,6 +514,8 @@ class HierComm final : public capi::Composite {
     }
     if (group || sh) tensors |= 1;
     if (count == 0) return;  // as a call of count 0: no exchange, on any rank
+    // A reduce-scatter's state is bound to the whole input, an allgather's to the own shard.
+    const uint64_t sh_bound = !sh ? 0 : (op == Op::kReduceScatter ? count : sh->counts[rank_]);
     w_.check_usable();
     // The counter advances before anything can fail, so every rank counts every call alike.
     const uint32_t round = round_++;
@@ -538,28 +540,29 @@ class HierComm final : public capi::Composite {
         }
       }
       cod = &codec_for(scheme);  // a configuration that overflows fails here, before exchanging
-      for (const engine::Tensor& t : ts)
-        if (t.count && (engine::is_device_buffer(t.send) || engine::is_device_buffer(t.recv))) device = true;
-      if (device) return;  // the flat engine checks the rest
-      if (sh && sh->ef) {
-        // bound to the whole input (reduce-scatter) or the own shard (allgather), as flat
-        const uint64_t bound = op == Op::kReduceScatter ? count : sh->counts[rank_];
-        if (sh->ef->count != 0 && sh->ef->count != bound)
-          fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(sh->ef->count) +
-                                             ", used with count " + std::to_string(bound));
-        if (sh->ef->device)
-          fail(Status::kInvalidArgument, "error-feedback state was bound to device buffers, used with host buffers");
+      // (a reduce-scatter's or allgather's shards all lie in its two buffers)
+      if (sh) {
+        const void* in = sh->send == THC_IN_PLACE ? nullptr : sh->send;
+        device = (in && engine::is_device_buffer(in)) || (sh->recv && engine::is_device_buffer(sh->recv));
+      } else {
+        for (const engine::Tensor& t : ts)
+          if (t.count && (engine::is_device_buffer(t.send) || engine::is_device_buffer(t.recv))) device = true;
       }
+      if (device) return;  // the flat engine checks the rest
+      auto check_state = [](const engine::ErrorFeedback* ef, uint64_t bound, const std::string& who) {
+        if (ef->count != 0 && ef->count != bound)
+          fail(Status::kInvalidArgument, who + "error-feedback state was bound to count " + std::to_string(ef->count) +
+                                             ", used with count " + std::to_string(bound));
+        if (ef->device)
+          fail(Status::kInvalidArgument, who + "error-feedback state was bound to device buffers, used with host buffers");
+      };
+      if (sh && sh->ef) check_state(sh->ef, sh_bound, "");
       std::set<const engine::ErrorFeedback*> efs;
       for (size_t i = 0; i < n; ++i) {
         const engine::ErrorFeedback* ef = ts[i].ef;
         if (!ef || ts[i].count == 0) continue;
         const std::string who = group ? "tensor " + std::to_string(i) + ": " : "";
-        if (ef->count != 0 && ef->count != ts[i].count)
-          fail(Status::kInvalidArgument, who + "error-feedback state was bound to count " + std::to_string(ef->count) +
-                                             ", used with count " + std::to_string(ts[i].count));
-        if (ef->device)
-          fail(Status::kInvalidArgument, who + "error-feedback state was bound to device buffers, used with host buffers");
+        check_state(ef, ts[i].count, who);
         if (!efs.insert(ef).second)
           fail(Status::kInvalidArgument, who + "shares its error-feedback state with an earlier tensor of the group");
       }
@@ -649,19 +652,18 @@ class HierComm final : public capi::Composite {
     // when hosts have fewer slices than ranks: the state then holds more than its count).
     struct Binding {
       engine::ErrorFeedback* ef = nullptr;
-      uint64_t len = 0;    // elements of this rank's slice it holds
-      uint64_t count = 0;  // what the state is bound to
+      uint64_t len = 0;  // elements of this rank's slice it holds
     };
     std::vector<Binding> binds;
     if (op == Op::kAllreduce) {
-      for (const Piece& p : mine) binds.push_back({ts[p.t].ef, p.len, ts[p.t].count});
+      for (const Piece& p : mine) binds.push_back({ts[p.t].ef, p.len});
     } else if (op == Op::kReduceScatter && sh->ef && !mine.empty()) {
-      binds.push_back({sh->ef, len, count});
+      binds.push_back({sh->ef, len});
     } else if (op == Op::kAllgather && sh->ef) {
       uint64_t owned = 0;
       for (const Piece& p : mine)
         if (lay_.host_of[p.t] == lay_.host_index) owned += p.len;
-      if (owned) binds.push_back({sh->ef, owned, sh->counts[rank_]});
+      if (owned) binds.push_back({sh->ef, owned});
     }
     std::vector<engine::ErrorFeedback> subs(binds.size());
     // (kept across calls: a fresh allocation of a slice's residual per call costs its page faults)
@@ -733,15 +735,13 @@ class HierComm final : public capi::Composite {
     }
     // Every state of the call is bound to its tensor's count (this rank's slices of it at the
     // front; a reduce-scatter's to the whole input's).
-    std::vector<Binding> all;
+    auto bind = [](engine::ErrorFeedback* ef, uint64_t c) {
+      if (ef->count == 0) ef->count = c;
+      if (ef->residual.size() < c) ef->residual.resize(c, 0.0f);
+    };
     for (const engine::Tensor& t : ts)
-      if (t.ef && t.count) all.push_back({t.ef, 0, t.count});
-    if (op == Op::kReduceScatter && sh->ef) all.push_back({sh->ef, 0, count});
-    if (op == Op::kAllgather && sh->ef) all.push_back({sh->ef, 0, sh->counts[rank_]});
-    for (const Binding& b : all) {
-      if (b.ef->count == 0) b.ef->count = b.count;
-      if (b.ef->residual.size() < b.count) b.ef->residual.resize(b.count, 0.0f);
-    }
+      if (t.ef && t.count) bind(t.ef, t.count);
+    if (sh && sh->ef) bind(sh->ef, sh_bound);
 
     // ---- intra-host allgather: every rank reads the reduced slices.
     if (single) {
@@ -1060,7 +1060,7 @@ class HierComm final : public capi::Composite {
       if (j == 0) {
         std::memcpy(o, x, m * sizeof(float));
       } else {
-        codec::kern::add_into(o, x, m);
+        codec::kern::add_pair(o, x, m, o);
       }
     };
     for (uint64_t off = 0; off < n; off += kPiece) {

@@ -35,7 +35,7 @@ class Composite {
   // Calls on several tensors, with Engine's contracts (allreduce_group, reduce_scatter,
   // allgather): each one call. (No defaults: a group as one allreduce per tensor, a reduce-scatter
   // as an allreduce of the whole, an allgather as an allreduce of zero-padded shards are correct
-  // but several times slower, and the last adds every rank's quantization noise of zeros.)
+  // but several times slower.)
   virtual void allreduce_group(codec::Scheme scheme, const engine::Tensor* ts, size_t n, bool mean) = 0;
   virtual void reduce_scatter(codec::Scheme scheme, const void* send, void* recv, const uint64_t* counts,
                               engine::DType dtype, bool mean, engine::ErrorFeedback* ef) = 0;

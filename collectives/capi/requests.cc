@@ -60,8 +60,8 @@ Progress& progress_of(thc_comm_t comm) {
     const thc_config_t& cfg = comm->config();
     o.fusion_bytes = cfg.fusion_bytes > 0 ? static_cast<uint64_t>(cfg.fusion_bytes) : 0;
     o.cycle_ms = cfg.fusion_cycle_ms > 0 ? cfg.fusion_cycle_ms : 0;
-    // No agreement where no call can fuse (every rank knows it alike): a composite that runs
-    // groups call by call, or a communicator on which no rank fuses (agreed at creation).
+    // No agreement where no call can fuse (every rank knows it alike): a composite that does not
+    // fuse, or a communicator on which no rank fuses (agreed at creation).
     o.agree = fuses(comm);
     o.inline_only = comm->inline_requests;
     comm->progress = std::make_unique<Progress>(std::move(h), o);

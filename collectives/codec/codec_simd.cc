@@ -82,7 +82,6 @@ double SumSquaresSumImpl(const float* x, const float* add, uint64_t n) { return 
 float MaxAbsSumImpl(const float* x, const float* add, uint64_t n, bool* bad) {
   return kern::max_abs_sum_scalar(x, add, n, bad);
 }
-void AddIntoImpl(float* o, const float* x, uint64_t n) { kern::add_into_scalar(o, x, n); }
 void ScaleByImpl(float* x, uint64_t n, float s) { kern::scale_by_scalar(x, n, s); }
 void AddPairImpl(const float* a, const float* b, uint64_t n, float* out) { kern::add_pair_scalar(a, b, n, out); }
 void PackBitsImpl(const uint8_t* codes, uint64_t n, int bits, uint8_t* out) {
@@ -711,18 +710,6 @@ float MaxAbsSumImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, 
   return MaxAbsT<true>(x, add, n, bad);
 }
 
-void AddIntoImpl(float* HWY_RESTRICT o, const float* HWY_RESTRICT x, uint64_t n) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  uint64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    hn::StoreU(hn::Add(hn::LoadU(df, o + i), hn::LoadU(df, x + i)), df, o + i);
-    hn::StoreU(hn::Add(hn::LoadU(df, o + i + N), hn::LoadU(df, x + i + N)), df, o + i + N);
-  }
-  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(df, o + i), hn::LoadU(df, x + i)), df, o + i);
-  if (i < n) kern::add_into_scalar(o + i, x + i, n - i);
-}
-
 void ScaleByImpl(float* HWY_RESTRICT x, uint64_t n, float s) {
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -896,7 +883,6 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MaxAbsImpl);
 HWY_EXPORT(SumSquaresSumImpl);
 HWY_EXPORT(MaxAbsSumImpl);
-HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(ScaleByImpl);
 HWY_EXPORT(AddPairImpl);
 HWY_EXPORT(PackBitsImpl);
@@ -940,7 +926,6 @@ double sum_squares_sum(const float* x, const float* add, uint64_t n) {
 float max_abs_sum(const float* x, const float* add, uint64_t n, bool* bad) {
   return HWY_DYNAMIC_DISPATCH(MaxAbsSumImpl)(x, add, n, bad);
 }
-void add_into(float* o, const float* x, uint64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(o, x, n); }
 void scale_by(float* x, uint64_t n, float s) { HWY_DYNAMIC_DISPATCH(ScaleByImpl)(x, n, s); }
 void add_pair(const float* a, const float* b, uint64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(AddPairImpl)(a, b, n, out);
@@ -1086,9 +1071,6 @@ double sum_squares_scalar(const float* x, uint64_t n) {
   return p[0] + p[1];
 }
 
-void add_into_scalar(float* o, const float* x, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) o[i] += x[i];
-}
 void scale_by_scalar(float* x, uint64_t n, float s) {
   for (uint64_t i = 0; i < n; ++i) x[i] *= s;
 }

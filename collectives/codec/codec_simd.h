@@ -130,15 +130,13 @@ double sum_squares_sum_scalar(const float* x, const float* add, uint64_t n);
 float max_abs_sum(const float* x, const float* add, uint64_t n, bool* bad);
 float max_abs_sum_scalar(const float* x, const float* add, uint64_t n, bool* bad);
 
-// o[i] += x[i] and x[i] *= s (float32, each element rounded once, as the scalar loops): the
-// hierarchical communicator's host sums and means.
-void add_into(float* o, const float* x, uint64_t n);
-void add_into_scalar(float* o, const float* x, uint64_t n);
-void scale_by(float* x, uint64_t n, float s);
-void scale_by_scalar(float* x, uint64_t n, float s);
-// out[i] = a[i] + b[i] (out may be a or b; no partial overlap): error feedback's x = g + e.
+// out[i] = a[i] + b[i] and x[i] *= s (float32, each element rounded once, as the scalar loops;
+// out may be a or b, no partial overlap): error feedback's x = g + e, the hierarchical
+// communicator's host sums (out == a) and means.
 void add_pair(const float* a, const float* b, uint64_t n, float* out);
 void add_pair_scalar(const float* a, const float* b, uint64_t n, float* out);
+void scale_by(float* x, uint64_t n, float s);
+void scale_by_scalar(float* x, uint64_t n, float s);
 
 // pack_bits / unpack_bits (codes must be < 2^bits).
 void pack_bits_simd(const uint8_t* codes, uint64_t n, int bits, uint8_t* out);

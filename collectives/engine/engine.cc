@@ -427,7 +427,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   // copy x = grad + e is needed only with error feedback (kept for a rank left out).
   const float* sendf = (dtype == DType::kF32 && !efr) ? static_cast<const float*>(send) : nullptr;
   float* recvf = dtype == DType::kF32 ? static_cast<float*>(recv) : nullptr;
-  std::vector<float> xbuf(sendf ? 0 : buf_elems);
+  std::vector<float> xbuf(dtype == DType::kF32 ? 0 : buf_elems);  // the prelude's staging of other types
 
   // ---- prelude: per-block statistics, a non-finite flag and a configuration digest, one MAX.
   const uint64_t nb = lay.nblocks;
@@ -441,13 +441,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, run * B);
       st.resize(run);
-      if (dtype == DType::kF32 && efr) {
-        // x = grad + e without staging it (the encode below stages it)
-        finite &= host_->prelude(cod, static_cast<const float*>(send) + first, m, st.data(), efr + first);
+      if (dtype == DType::kF32) {  // read where it is (x = grad + e is not staged; the encode stages it)
+        finite &= host_->prelude(cod, static_cast<const float*>(send) + first, m, st.data(), efr ? efr + first : nullptr);
       } else {
-        const float* xp = sendf ? sendf + first : xbuf.data();
-        if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
-        finite &= host_->prelude(cod, xp, m, st.data());
+        load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, xbuf.data());
+        finite &= host_->prelude(cod, xbuf.data(), m, st.data());
       }
       for (size_t i = 0; i < st.size(); ++i) std::memcpy(&pre[b0 + i], &st[i], 4);
       b0 += run;

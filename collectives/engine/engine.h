@@ -202,6 +202,9 @@ class Engine {
   // stream.cc: the pipeline of allreduce_group, reduce_scatter and allgather.
   struct Stream;
   void run_stream(Stream& st);
+  // reduce_scatter_parts and allgather_parts (kind: stream.cc's Kind)
+  void run_parts(int kind, codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n, bool mean,
+                 ErrorFeedback* ef);
 };
 
 }  // namespace thc::engine

@@ -161,51 +161,45 @@ std::string part_problem(const Engine::Part& p, size_t i, uint64_t count, int n,
 
 void Engine::reduce_scatter_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
                                   bool mean, ErrorFeedback* ef) {
-  Stream st;
-  st.kind = Kind::kReduceScatter;
-  st.scheme = scheme;
-  st.mean = mean;
-  st.parts = true;
-  for (size_t i = 0; i < n; ++i) {
-    const Part& p = parts[i];
-    if (st.bad.empty()) st.bad = part_problem(p, i, count, size(), buf);
-    Stream::Seg s;
-    s.count = p.count;
-    s.send = buf ? buf + p.off : nullptr;
-    if (p.owner == rank()) s.recv = buf ? buf + p.off : nullptr;
-    s.ef = ef;
-    s.ef_count = count;
-    s.res_off = p.off;
-    s.owner = p.owner;
-    st.segs.push_back(s);
-  }
-  run_stream(st);
+  run_parts(static_cast<int>(Kind::kReduceScatter), scheme, buf, count, parts, n, mean, ef);
 }
 
 void Engine::allgather_parts(codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
                              ErrorFeedback* ef) {
+  run_parts(static_cast<int>(Kind::kAllgather), scheme, buf, count, parts, n, false, ef);
+}
+
+// Every part reads and writes its place in buf. Reduce-scatter: every rank encodes every part, its
+// owner decodes it; the state holds the residual of the whole buffer. Allgather: the owner encodes
+// it, every rank decodes it; the state holds the residuals of the own parts one after another.
+void Engine::run_parts(int kind, codec::Scheme scheme, float* buf, uint64_t count, const Part* parts, size_t n,
+                       bool mean, ErrorFeedback* ef) {
   Stream st;
-  st.kind = Kind::kAllgather;
+  st.kind = static_cast<Kind>(kind);
   st.scheme = scheme;
+  st.mean = mean;
   st.parts = true;
-  uint64_t owned = 0;  // the own parts' elements: their residuals one after another
+  const bool rs = st.kind == Kind::kReduceScatter;
+  uint64_t owned = 0;
   for (size_t i = 0; i < n; ++i)
     if (parts[i].owner == rank()) owned += parts[i].count;
-  uint64_t res_off = 0;
+  uint64_t owned_off = 0;
   for (size_t i = 0; i < n; ++i) {
     const Part& p = parts[i];
     if (st.bad.empty()) st.bad = part_problem(p, i, count, size(), buf);
+    const bool own = p.owner == rank();
+    float* at = buf ? buf + p.off : nullptr;
     Stream::Seg s;
     s.count = p.count;
-    s.recv = buf ? buf + p.off : nullptr;
-    if (p.owner == rank()) {
-      s.send = s.recv;
-      s.ef = ef;
-      s.ef_count = owned;
-      s.res_off = res_off;
-      res_off += p.count;
-    }
     s.owner = p.owner;
+    s.send = rs || own ? at : nullptr;
+    s.recv = !rs || own ? at : nullptr;
+    if (rs || own) {
+      s.ef = ef;
+      s.ef_count = rs ? count : owned;
+      s.res_off = rs ? p.off : owned_off;
+    }
+    if (own) owned_off += p.count;
     st.segs.push_back(s);
   }
   run_stream(st);
@@ -270,7 +264,7 @@ void Engine::run_stream(Stream& st) {
     plan = this->plan(st.scheme, total, st.segs.empty() ? DType::kF32 : st.segs[0].dtype, st.mean);
     codp = plan.cod;
     uint64_t h = digest_mix(0, static_cast<uint64_t>(st.kind));
-    for (const Seg& s : st.segs) h = digest_mix(st.parts ? digest_mix(h, static_cast<uint64_t>(s.owner)) : h, s.count);
+    for (const Seg& s : st.segs) h = digest_mix(digest_mix(h, static_cast<uint64_t>(s.owner + 1)), s.count);
     plan.tensors_digest = h | 1;
     h = 0;
     for (const PreludeField& f : prelude_fields(plan)) h = digest_mix(h, f.value);
@@ -411,25 +405,18 @@ void Engine::run_stream(Stream& st) {
           for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + i], &stv[i], 4);
           continue;
         }
-        const bool direct = s.dtype == DType::kF32 && !s.res;
         for (uint64_t b0 = 0; b0 < s.lay.nblocks; b0 += plan.chunk_blocks) {
           const uint64_t first = b0 * B;
           const uint64_t m = std::min<uint64_t>(s.count - first, plan.chunk_blocks * B);
-          const float* xp;
           stv.resize(std::min<uint64_t>(plan.chunk_blocks, s.lay.nblocks - b0));
-          if (s.dtype == DType::kF32 && s.res) {  // x = grad + e, not staged
-            finite &= host_->prelude(cod, static_cast<const float*>(s.send) + first, m, stv.data(), s.res + first);
-            for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
-            continue;
-          }
-          if (direct) {
-            xp = static_cast<const float*>(s.send) + first;
+          if (s.dtype == DType::kF32) {  // read where it is (x = grad + e is not staged)
+            finite &= host_->prelude(cod, static_cast<const float*>(s.send) + first, m, stv.data(),
+                                     s.res ? s.res + first : nullptr);
           } else {
             xs.resize(std::max<uint64_t>(xs.size(), m));
             load_as_float(s.send, s.dtype, first, m, s.res ? s.res + first : nullptr, xs.data());
-            xp = xs.data();
+            finite &= host_->prelude(cod, xs.data(), m, stv.data());
           }
-          finite &= host_->prelude(cod, xp, m, stv.data());
           for (size_t i = 0; i < stv.size(); ++i) std::memcpy(&pre[s.g0 + b0 + i], &stv[i], 4);
         }
       }
