@@ -325,10 +325,16 @@ Codec::BlockScale Codec::block_scale(float stat, uint64_t wire_elems) const {
 
 // idx or val may be null (that form is not needed). packed (may be null): the block's codes go
 // there packed (pack_bits), idx is then scratch; THC with b = 4 and Cnat pack them as they round.
-void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t blk, float stat,
-                         const CallRng& rng, uint8_t* idx, uint8_t* packed, int32_t* val, float* work) const {
+void Codec::encode_block(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire,
+                         uint64_t blk, float stat, const CallRng& rng, uint8_t* idx, uint8_t* packed, int32_t* val,
+                         float* work) const {
   const BlockScale bs = block_scale(stat, wire);
   const rng::Stream own = rng.own();
+  if (add && (bs.zero || !rotates())) {  // only THC's kernel sums as it reads
+    kern::add_pair(x, add, elems, staged);
+    x = staged;
+    add = nullptr;
+  }
   if (bs.zero) {
     // Every worker's block is zero; decode ignores the sums. Send the code of value 0.
     if (idx) std::memset(idx, 0, wire);
@@ -349,8 +355,8 @@ void Codec::encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t
     // first pass, which reads it, otherwise waits for memory while the rest of the encode leaves
     // it idle. Two blocks ahead: with prefetcht1 about 4 % faster on 64 MB than one or four; with
     // prefetcht0 (PrefetchAhead) one, two and three blocks ahead measured alike.
-    kern::thc_encode_block(x, elems, wire, -bs.exp, rng.shared(), blk, bs.enc, tb, own, work, idx,
-                           bits_ == 4 ? packed : nullptr, val, x + 2 * block());
+    kern::thc_encode_block(x, add, staged, elems, wire, -bs.exp, rng.shared(), blk, bs.enc, tb, own, work, idx,
+                           bits_ == 4 ? packed : nullptr, val, x + 2 * block(), add ? add + 2 * block() : nullptr);
     if (packed && bits_ != 4) pack_bits(idx, wire, bits_, packed);
   } else {
     kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val, packed);
@@ -373,7 +379,9 @@ float* Workspace::work_apart(const void* other) const {
 }
 
 void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
-                   const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws) const {
+                   const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws,
+                   const float* add) const {
+  if (add && !out.staged) fail(Status::kInvalidArgument, "Codec::encode: an add input needs a staged output");
   const uint64_t B = lay.block;
   Workspace own_ws;
   if (!ws) ws = &own_ws;
@@ -386,9 +394,11 @@ void Codec::encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
   for (uint64_t k = 0; k < nblocks; ++k) {
     const uint64_t blk = first_block + k;
     const uint64_t m = lay.elems(blk), w = lay.wire(blk);
-    const float* xb = x + k * B;
+    const float* const ab = add ? add + k * B : nullptr;
+    float* const sb = add ? out.staged + k * B : nullptr;
+    const float* const xb = add ? sb : x + k * B;  // what was encoded, once encode_block returns
     uint8_t* const packed = out.packed ? out.packed + wire_off * bits_ / 8 : nullptr;
-    encode_block(xb, m, w, blk, stats[k], rng, idx, packed, val, work);
+    encode_block(x + k * B, ab, sb, m, w, blk, stats[k], rng, idx, packed, val, work);
     if (out.values) kern::store_values(sum_type_, out.values, wire_off, val, w);
     if (out.residual) {
       float* res = out.residual + k * B;

@@ -142,14 +142,21 @@ class Codec {
   // Outputs (each optional): packed indices (index form) and/or values of sum_type() (value
   // form), both starting at the first wire element of first_block; residual receives
   // x - (own dequantized contribution), the error-feedback update, for the real elements.
+  // add (optional; error feedback's x = g + e): the blocks encoded are x[i] + add[i] (each sum
+  // rounded to float, as kern::add_pair), and staged (then required; indexed like x, not
+  // overlapping x or add) receives those sums, from which the residual is computed. residual
+  // may be add itself (the update in place): each block's add is read before its residual is
+  // written. The AVX-512 THC kernel sums in its first pass (no pass of its own over the data).
   struct EncodeOut {
     uint8_t* packed = nullptr;
     void* values = nullptr;
     float* residual = nullptr;
+    float* staged = nullptr;
   };
   // ws: scratch to reuse (nullptr: this call allocates its own).
   void encode(const Layout& lay, uint64_t first_block, uint64_t nblocks, const float* x,
-              const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws = nullptr) const;
+              const float* stats, const CallRng& rng, const EncodeOut& out, Workspace* ws = nullptr,
+              const float* add = nullptr) const;
 
   // Decode sums (of sum_type()) of `contributors` workers into out (real elements only).
   // mean = true gives the average, false the sum.
@@ -171,7 +178,8 @@ class Codec {
   const std::vector<elem::ThcCell>& cells() const { return cells_; }
 
  private:
-  void encode_block(const float* x, uint64_t elems, uint64_t wire, uint64_t blk, float stat,
+  void encode_block(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire, uint64_t blk,
+                    float stat,
                     const CallRng& rng, uint8_t* idx_scratch, uint8_t* packed, int32_t* val_scratch,
                     float* work) const;
 

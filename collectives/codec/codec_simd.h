@@ -58,13 +58,16 @@ void rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, const 
 // THC encode of one block, fused: rotate_forward(x, elems, wire, e, shared, blk, work) then
 // thc_quantize(work, wire, enc, tb, own, blk, idx, val, prefetch); with packed4 the codes (b = 4)
 // go there packed (elem.h's bit order, wire / 2 bytes) and idx, which must then be given, is only
-// scratch. idx and val may be null. work is clobbered.
-void thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared, uint64_t blk,
-                      float enc, const ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
-                      uint8_t* packed4, int32_t* val, const float* prefetch);
-void thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
-                             uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
-                             uint8_t* idx, uint8_t* packed4, int32_t* val);
+// scratch. idx and val may be null. work is clobbered. With add (error feedback) the block
+// encoded is x + add, computed as add_pair and also written to staged (elems floats; staged may
+// not overlap x or add); prefetch_add is add's prefetch, as prefetch is x's (either may be null).
+void thc_encode_block(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire, int e,
+                      const rng::Stream& shared, uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own,
+                      float* work, uint8_t* idx, uint8_t* packed4, int32_t* val, const float* prefetch,
+                      const float* prefetch_add);
+void thc_encode_block_scalar(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire, int e,
+                             const rng::Stream& shared, uint64_t blk, float enc, const ThcTables& tb,
+                             const rng::Stream& own, float* work, uint8_t* idx, uint8_t* packed4, int32_t* val);
 
 // THC decode of one block, fused: thc_dequant(t, sums, off, wire, half, step, f, work) then
 // rotate_inverse(work, wire, m, e, ...) into out (the dequantisation runs inside the first FWHT

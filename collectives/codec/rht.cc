@@ -94,10 +94,11 @@ void ThcDecodeBlockImpl(IntType t, const void* sums, uint64_t off, uint64_t n, u
                         float* work, bool) {
   kern::thc_decode_block_scalar(t, sums, off, n, m, half, step, f, e, shared, blk, sub, out, work);
 }
-void ThcEncodeBlockImpl(const float* x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk,
-                        float enc, const kern::ThcTables& tb, const rng::Stream& own, float* work, uint8_t* idx,
-                        uint8_t* packed4, int32_t* val, const float*) {
-  kern::thc_encode_block_scalar(x, elems, n, e, shared, blk, enc, tb, own, work, idx, packed4, val);
+void ThcEncodeBlockImpl(const float* x, const float* add, float* staged, uint64_t elems, uint64_t n, int e,
+                        const rng::Stream& shared, uint64_t blk, float enc, const kern::ThcTables& tb,
+                        const rng::Stream& own, float* work, uint8_t* idx, uint8_t* packed4, int32_t* val,
+                        const float*, const float*) {
+  kern::thc_encode_block_scalar(x, add, staged, elems, n, e, shared, blk, enc, tb, own, work, idx, packed4, val);
 }
 #else
 constexpr uint64_t kTile = uint64_t{1} << 13;
@@ -357,7 +358,42 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
 #if THC_FWHT_AVX512
 // The first pass of the forward RHT (n >= 128): work = stages h = 1 .. span / 2 of D scale2(x, e),
 // zero-padded from elems to n; returns span (FirstPass).
-HWY_INLINE uint64_t ForwardFirstPass(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, uint64_t limit, int e,
+// The first pass's input: x, or with add the sum x + add, which is also stored to staged (error
+// feedback's x = grad + e, computed as kern::add_pair does, bit for bit, so that the engine need
+// not stage it in a pass of its own). Whole(i): 16 floats of a whole block (the streams are
+// prefetched 4096 floats ahead); Part(i, elems): 16 floats of a partial one, zero past elems.
+template <bool kAdd>
+struct FirstInput {
+  const float* x;
+  const float* add;
+  float* staged;
+  HWY_INLINE __m512 Whole(uint64_t i) const {
+    hwy::Prefetch(x + i + 4096);
+    if constexpr (!kAdd) {
+      return _mm512_loadu_ps(x + i);
+    } else {
+      hwy::Prefetch(add + i + 4096);
+      const __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(add + i));
+      _mm512_storeu_ps(staged + i, s);
+      return s;
+    }
+  }
+  HWY_INLINE __m512 Part(uint64_t i, uint64_t elems) const {
+    if (i >= elems) return _mm512_setzero_ps();
+    const __mmask16 k = i + 16 <= elems ? static_cast<__mmask16>(0xFFFF)
+                                        : static_cast<__mmask16>((1u << (elems - i)) - 1u);
+    if constexpr (!kAdd) {
+      return _mm512_maskz_loadu_ps(k, x + i);
+    } else {
+      const __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, add + i));
+      _mm512_mask_storeu_ps(staged + i, k, s);
+      return s;
+    }
+  }
+};
+
+template <bool kAdd>
+HWY_INLINE uint64_t ForwardFirstPass(const FirstInput<kAdd>& in, uint64_t elems, uint64_t n, uint64_t limit, int e,
                                      const rng::Stream& shared, uint64_t blk, float* HWY_RESTRICT work) {
   const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
   const int h = e / 2;
@@ -370,26 +406,15 @@ HWY_INLINE uint64_t ForwardFirstPass(const float* HWY_RESTRICT x, uint64_t elems
     // A whole block scaled by 2^e with e in [-1, 126]: one product, the same as scale2's two.
     // Up (e >= 0) both are exact or overflow alike; e = -1 is a single product in scale2 too.
     const __m512 p = _mm512_set1_ps(elem::pow2f(e));
-    return FirstPass(work, n, limit, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-      hwy::Prefetch(x + i + 4096);
-      return flip(i, _mm512_mul_ps(_mm512_loadu_ps(x + i), p));
-    });
+    return FirstPass(work, n, limit,
+                     [&](uint64_t i) THC_RHT_LAMBDA_INLINE { return flip(i, _mm512_mul_ps(in.Whole(i), p)); });
   } else if (elems == n) {
     return FirstPass(work, n, limit, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-      hwy::Prefetch(x + i + 4096);
-      return flip(i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), p1), p2));
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(in.Whole(i), p1), p2));
     });
   } else {
     return FirstPass(work, n, limit, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-      __m512 v;
-      if (i + 16 <= elems) {
-        v = _mm512_loadu_ps(x + i);
-      } else if (i < elems) {
-        v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (elems - i)) - 1u), x + i);
-      } else {
-        v = _mm512_setzero_ps();
-      }
-      return flip(i, _mm512_mul_ps(_mm512_mul_ps(v, p1), p2));  // scale2, then the sign flip (exact)
+      return flip(i, _mm512_mul_ps(_mm512_mul_ps(in.Part(i, elems), p1), p2));  // scale2, then the sign flip (exact)
     });
   }
 }
@@ -406,7 +431,7 @@ void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, 
                        uint64_t blk, float* HWY_RESTRICT work) {
 #if THC_FWHT_AVX512
   if (n >= 128) {
-    const uint64_t span = ForwardFirstPass(x, elems, n, n, e, shared, blk, work);
+    const uint64_t span = ForwardFirstPass(FirstInput<false>{x, nullptr, nullptr}, elems, n, n, e, shared, blk, work);
     StagePasses(work, n, span, n, InPlace{work});
     return;
   }
@@ -421,13 +446,17 @@ void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, 
 // of 16 rotated values are rounded as they leave the butterflies, with the draws of their 16
 // groups from one pair of Philox counter vectors (counter lane q of vector c: row 4c + q / 2,
 // group q % 2 of its two), instead of a store and a second pass that reads them back.
-void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
-                        uint64_t blk, float enc, const kern::ThcTables& tb, const rng::Stream& own,
-                        float* HWY_RESTRICT work, uint8_t* HWY_RESTRICT idx, uint8_t* HWY_RESTRICT packed4,
-                        int32_t* HWY_RESTRICT val, const float* prefetch) {
+void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, float* HWY_RESTRICT staged,
+                        uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk, float enc,
+                        const kern::ThcTables& tb, const rng::Stream& own, float* HWY_RESTRICT work,
+                        uint8_t* HWY_RESTRICT idx, uint8_t* HWY_RESTRICT packed4, int32_t* HWY_RESTRICT val,
+                        const float* prefetch, const float* prefetch_add) {
 #if THC_FWHT_AVX512
   if (n >= 1024 && ThcRegRound::Usable(tb)) {
-    MiddlePasses(work, n, ForwardFirstPass(x, elems, n, n / 8, e, shared, blk, work));
+    const uint64_t h1 = add ? ForwardFirstPass(FirstInput<true>{x, add, staged}, elems, n, n / 8, e, shared, blk, work)
+                            : ForwardFirstPass(FirstInput<false>{x, nullptr, nullptr}, elems, n, n / 8, e, shared, blk,
+                                               work);
+    MiddlePasses(work, n, h1);
     const ThcRegRound rr(tb, enc);
     const uint64_t h0 = n / 8;
     const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
@@ -442,6 +471,7 @@ void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n,
     const V patm1 = MulLo32(d64, hn::Add(base, hn::Set(d64, 4 * (h0 / 8))), m0);
     for (uint64_t j = 0; j < h0; j += 16) {
       if (prefetch) PrefetchAhead(prefetch + 8 * j, 128);
+      if (prefetch_add) PrefetchAhead(prefetch_add + 8 * j, 128);
       __m512 v[8];
       HWY_UNROLL(8)
       for (int r = 0; r < 8; ++r) v[r] = _mm512_loadu_ps(work + j + r * h0);
@@ -467,6 +497,10 @@ void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n,
     return;
   }
 #endif
+  if (add) {  // staged first (no fused first pass on this target or table)
+    kern::add_pair(x, add, elems, staged);
+    x = staged;
+  }
   RotateForwardImpl(x, elems, n, e, shared, blk, work);
   kern::thc_quantize(work, n, enc, tb, own, blk, idx, val, prefetch);
   if (packed4) kern::pack_bits_simd(idx, n, 4, packed4);
@@ -709,15 +743,21 @@ void kern::rotate_inverse_scalar(float* work, uint64_t wire, uint64_t m, int e, 
   signs_postscale_scalar(work, m, e, shared, blk, sub, out);
 }
 
-void kern::thc_encode_block(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
-                            uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
-                            uint8_t* idx, uint8_t* packed4, int32_t* val, const float* prefetch) {
-  HWY_DYNAMIC_DISPATCH(ThcEncodeBlockImpl)(x, elems, wire, e, shared, blk, enc, tb, own, work, idx, packed4, val,
-                                           prefetch);
+void kern::thc_encode_block(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire, int e,
+                            const rng::Stream& shared, uint64_t blk, float enc, const ThcTables& tb,
+                            const rng::Stream& own, float* work, uint8_t* idx, uint8_t* packed4, int32_t* val,
+                            const float* prefetch, const float* prefetch_add) {
+  HWY_DYNAMIC_DISPATCH(ThcEncodeBlockImpl)(x, add, staged, elems, wire, e, shared, blk, enc, tb, own, work, idx,
+                                           packed4, val, prefetch, prefetch_add);
 }
-void kern::thc_encode_block_scalar(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
-                                   uint64_t blk, float enc, const ThcTables& tb, const rng::Stream& own, float* work,
-                                   uint8_t* idx, uint8_t* packed4, int32_t* val) {
+void kern::thc_encode_block_scalar(const float* x, const float* add, float* staged, uint64_t elems, uint64_t wire,
+                                   int e, const rng::Stream& shared, uint64_t blk, float enc, const ThcTables& tb,
+                                   const rng::Stream& own, float* work, uint8_t* idx, uint8_t* packed4,
+                                   int32_t* val) {
+  if (add) {
+    add_pair_scalar(x, add, elems, staged);
+    x = staged;
+  }
   rotate_forward_scalar(x, elems, wire, e, shared, blk, work);
   thc_quantize_scalar(work, wire, enc, tb, own, blk, idx, val);
   if (packed4) pack_bits_scalar(idx, wire, 4, packed4);

@@ -556,8 +556,11 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       s.nblk = run;
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
-      const float* xin = sendf ? sendf + first : s.x.data();
-      if (!sendf) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
+      // float32 with error feedback: the codec reads grad and e where they are and stages their
+      // sum into s.x itself (the first pass of its encode); other types are staged here.
+      const bool add_in_codec = dtype == DType::kF32 && efr;
+      const float* xin = sendf ? sendf + first : add_in_codec ? static_cast<const float*>(send) + first : s.x.data();
+      if (!sendf && !add_in_codec) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
       if (adopt) {
@@ -570,9 +573,13 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
         out.values = s.sums;
       }
       if (ef) out.residual = ef->residual.data() + first;
-      host_->encode(cod, lay, b0, s.nblk, xin, stats.data() + b0, rng, out, [&] {
-        if (pending) pending->req->test();
-      });
+      if (add_in_codec) out.staged = s.x.data();
+      host_->encode(
+          cod, lay, b0, s.nblk, xin, stats.data() + b0, rng, out,
+          [&] {
+            if (pending) pending->req->test();
+          },
+          add_in_codec ? efr + first : nullptr);
       uint64_t wire = 0;
       for (uint64_t k = 0; k < s.nblk; ++k) wire += lay.wire(b0 + k);
       wire_total += wire;

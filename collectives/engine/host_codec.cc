@@ -105,7 +105,7 @@ bool HostCodec::prelude(const codec::Codec& c, const float* x, uint64_t count, f
 
 void HostCodec::encode(const codec::Codec& c, const codec::Layout& lay, uint64_t first, uint64_t n, const float* x,
                        const float* stats, const codec::CallRng& rng, const codec::Codec::EncodeOut& out,
-                       const std::function<void()>& progress) {
+                       const std::function<void()>& progress, const float* add) {
   // Every block but the call's last is whole, so block k of the range starts k * B into each
   // output (B >= 1024: whole bytes of packed codes).
   const uint64_t B = lay.block;
@@ -121,7 +121,9 @@ void HostCodec::encode(const codec::Codec& c, const codec::Layout& lay, uint64_t
     if (out.packed) o.packed = out.packed + k * B * c.index_bits() / 8;
     if (out.values) o.values = static_cast<uint8_t*>(out.values) + k * B * wsz;
     if (out.residual) o.residual = out.residual + k * B;
-    c.encode(lay, first + k, 1, x + k * B, stats + k, rng, o, &ws_[static_cast<size_t>(worker)]);
+    if (out.staged) o.staged = out.staged + k * B;
+    c.encode(lay, first + k, 1, x + k * B, stats + k, rng, o, &ws_[static_cast<size_t>(worker)],
+             add ? add + k * B : nullptr);
     if (worker == 0 && progress && (unpolled += B) >= kProgressElems) {
       unpolled = 0;
       progress();

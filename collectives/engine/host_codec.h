@@ -36,12 +36,12 @@ class HostCodec {
   // reaches the end of the call or a block boundary).
   bool prelude(const codec::Codec& c, const float* x, uint64_t count, float* stats, const float* add = nullptr);
 
-  // Codec::encode of blocks [first, first + n): out's pointers at the first block, as for
-  // Codec::encode. The calling thread runs progress() (if set) after each kProgressElems
+  // Codec::encode of blocks [first, first + n): out's pointers (and add) at the first block, as
+  // for Codec::encode. The calling thread runs progress() (if set) after each kProgressElems
   // elements it encodes (counted in whole blocks).
   void encode(const codec::Codec& c, const codec::Layout& lay, uint64_t first, uint64_t n, const float* x,
               const float* stats, const codec::CallRng& rng, const codec::Codec::EncodeOut& out,
-              const std::function<void()>& progress = nullptr);
+              const std::function<void()>& progress = nullptr, const float* add = nullptr);
 
   // Codec::decode of blocks [first, first + n).
   void decode(const codec::Codec& c, const codec::Layout& lay, uint64_t first, uint64_t n, const void* sums,

@@ -668,8 +668,11 @@ void Engine::run_stream(Stream& st) {
         }
         const uint64_t first = r.b0 * B;
         const bool direct = sg.dtype == DType::kF32 && !sg.res;
-        const float* xin = direct ? static_cast<const float*>(sg.send) + first : s.x.data() + r.xoff;
-        if (!direct) load_as_float(sg.send, sg.dtype, first, r.elems, sg.res ? sg.res + first : nullptr, s.x.data() + r.xoff);
+        // float32 with error feedback: the codec sums grad + e as it reads them and stages the sum.
+        const bool add_in_codec = sg.dtype == DType::kF32 && sg.res;
+        const float* xin = direct || add_in_codec ? static_cast<const float*>(sg.send) + first : s.x.data() + r.xoff;
+        if (!direct && !add_in_codec)
+          load_as_float(sg.send, sg.dtype, first, r.elems, sg.res ? sg.res + first : nullptr, s.x.data() + r.xoff);
         codec::Codec::EncodeOut out;
         if (packed_form) {
           out.packed = s.packed.data() + r.woff * bits / 8;
@@ -677,9 +680,13 @@ void Engine::run_stream(Stream& st) {
           out.values = s.sums.data() + r.woff * wsz;
         }
         if (sg.res) out.residual = sg.res + first;
-        host_->encode(cod, sg.lay, r.b0, r.nblk, xin, stats.data() + sg.g0 + r.b0, sg.rng, out, [&] {
-          if (pending) pending->req->test();
-        });
+        if (add_in_codec) out.staged = s.x.data() + r.xoff;
+        host_->encode(
+            cod, sg.lay, r.b0, r.nblk, xin, stats.data() + sg.g0 + r.b0, sg.rng, out,
+            [&] {
+              if (pending) pending->req->test();
+            },
+            add_in_codec ? sg.res + first : nullptr);
       }
       if (ds) {
         ds->codes_to_host(packed_form ? static_cast<void*>(s.packed.data()) : s.sums.data());

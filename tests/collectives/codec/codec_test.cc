@@ -9,6 +9,7 @@
 
 #include "collectives/codec/codec.h"
 #include "collectives/codec/table_solver.h"
+#include "common/status.h"
 
 namespace thc::codec {
 namespace {
@@ -425,6 +426,54 @@ TEST(Codec, ResidualIsInputMinusOwnContribution) {
     c.encode(l, 0, l.nblocks, x.data(), stats.data(), rng, out);
     c.decode(l, 0, l.nblocks, vals.data(), stats.data(), rng, 1, false, dec.data());
     for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(res[i], x[i] - dec[i], 1e-5) << scheme_name(p.scheme);
+  }
+}
+
+// Error feedback's input read where it is: encoding x + add (add the residual, updated in
+// place) gives the codes, values, staged sum and residual of encoding that sum staged first, bit
+// for bit, in every scheme, for a partial last block and an all-zero block (whose sum is staged
+// without an encode), in one call and block by block.
+TEST(Codec, EncodeOfASumMatchesTheStagedSum) {
+  for (Params p : all_schemes()) {
+    p.block_log2 = 10;
+    Codec c(p, 2);
+    auto g = gaussian(4000, 41);
+    auto e = gaussian(4000, 42);
+    for (size_t i = 1024; i < 2048; ++i) g[i] = e[i] = 0.0f;  // block 1: x + e all zero
+    std::vector<float> x(g.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = g[i] + e[i];
+    const Layout l = c.layout(x.size());
+    const auto stats = global_stats(c, {x});
+    const size_t w = int_size(c.sum_type());
+    const CallRng rng{9, 1, 3};
+    for (bool per_block : {false, true}) {
+      const std::string what = c.describe() + (per_block ? " per block" : " one call");
+      std::vector<uint8_t> p1(c.packed_bytes(l.wire_count)), p2(p1.size()), v1(l.wire_count * w), v2(v1.size());
+      std::vector<float> r1(x.size()), r2 = e, staged(x.size(), 7.0f);
+      uint64_t wire = 0;
+      for (uint64_t b = 0; b < l.nblocks; b += per_block ? 1 : l.nblocks) {
+        const uint64_t nb = per_block ? 1 : l.nblocks;
+        const uint64_t f = b * l.block;
+        Codec::EncodeOut o1, o2;
+        o1.packed = p1.data() + wire * c.index_bits() / 8;
+        o2.packed = p2.data() + wire * c.index_bits() / 8;
+        o1.values = v1.data() + wire * w;
+        o2.values = v2.data() + wire * w;
+        o1.residual = r1.data() + f;
+        o2.residual = r2.data() + f;  // in place over add
+        o2.staged = staged.data() + f;
+        c.encode(l, b, nb, x.data() + f, stats.data() + b, rng, o1);
+        c.encode(l, b, nb, g.data() + f, stats.data() + b, rng, o2, nullptr, r2.data() + f);
+        for (uint64_t k = b; k < b + nb; ++k) wire += l.wire(k);
+      }
+      EXPECT_EQ(p1, p2) << what;
+      EXPECT_EQ(v1, v2) << what;
+      EXPECT_EQ(0, std::memcmp(x.data(), staged.data(), x.size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4)) << what;
+    }
+    Codec::EncodeOut bad;
+    bad.residual = e.data();
+    EXPECT_THROW(c.encode(l, 0, 1, g.data(), stats.data(), rng, bad, nullptr, e.data()), Error) << c.describe();
   }
 }
 

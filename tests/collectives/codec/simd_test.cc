@@ -726,30 +726,46 @@ TEST(SimdKernels, EncodeBlockMatchesScalar) {
         auto x = make_input(lg % 2 ? Input::kMixed : Input::kGauss, wire, 3);
         x[7] = std::numeric_limits<float>::quiet_NaN();  // a straggler's NaN rounds as 0
         const rng::Stream shared{7, rng::kSharedStream, 5}, own{7, 2, 5};
+        const auto y = make_input(Input::kGauss, wire, 4);  // error feedback's e, added to x
         for (uint64_t elems : {wire, wire - 5}) {
           for (int e : {0, -3}) {
-            SCOPED_TRACE("b " + std::to_string(bg.first) + " g " + std::to_string(bg.second) + " 2^" +
-                         std::to_string(lg) + " elems " + std::to_string(elems) + " e " + std::to_string(e));
-            const float enc = 0.0137f;
-            std::vector<float> wa(wire), wb(wire);
-            std::vector<uint8_t> ia(wire, 1), ib(wire, 2);
-            std::vector<int32_t> va(wire, 3), vb(wire, 4);
-            kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), ia.data(), nullptr,
-                                   va.data(), x.data());
-            kern::thc_encode_block_scalar(x.data(), elems, wire, e, shared, 11, enc, tb, own, wb.data(), ib.data(),
-                                          nullptr, vb.data());
-            ASSERT_EQ(ia, ib);
-            ASSERT_EQ(va, vb);
-            std::vector<uint8_t> ic(wire, 5);
-            kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), ic.data(), nullptr,
-                                   nullptr, nullptr);
-            ASSERT_EQ(ic, ib);
-            if (bg.first == 4) {
-              std::vector<uint8_t> pa(wire / 2 + 8, 0xAB), pb(wire / 2 + 8, 0xAB), scratch(wire);
-              kern::thc_encode_block(x.data(), elems, wire, e, shared, 11, enc, tb, own, wa.data(), scratch.data(),
-                                     pa.data(), nullptr, nullptr);
-              kern::pack_bits_scalar(ib.data(), wire, 4, pb.data());
-              ASSERT_EQ(pa, pb);
+            for (const float* add : {static_cast<const float*>(nullptr), y.data()}) {
+              SCOPED_TRACE("b " + std::to_string(bg.first) + " g " + std::to_string(bg.second) + " 2^" +
+                           std::to_string(lg) + " elems " + std::to_string(elems) + " e " + std::to_string(e) +
+                           (add ? " + add" : ""));
+              const float enc = 0.0137f;
+              std::vector<float> wa(wire), wb(wire);
+              std::vector<uint8_t> ia(wire, 1), ib(wire, 2);
+              std::vector<int32_t> va(wire, 3), vb(wire, 4);
+              // staged: x + add for the real elements, nothing written past them.
+              std::vector<float> sa(wire + 16, 9.0f), sb(wire + 16, 9.0f), sc(wire + 16, 9.0f);
+              kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
+                                     own, wa.data(), ia.data(), nullptr, va.data(), x.data(), add);
+              kern::thc_encode_block_scalar(x.data(), add, add ? sb.data() : nullptr, elems, wire, e, shared, 11, enc,
+                                            tb, own, wb.data(), ib.data(), nullptr, vb.data());
+              ASSERT_EQ(ia, ib);
+              ASSERT_EQ(va, vb);
+              if (add) {
+                ASSERT_TRUE(same_bits(sa.data(), sb.data(), (wire + 16) * 4)) << first_diff(sa, sb);
+                kern::add_pair_scalar(x.data(), add, elems, sc.data());
+                ASSERT_TRUE(same_bits(sa.data(), sc.data(), (wire + 16) * 4)) << first_diff(sa, sc);
+                // x + add encodes exactly like that sum passed as x.
+                std::vector<uint8_t> id(wire, 6);
+                kern::thc_encode_block_scalar(sc.data(), nullptr, nullptr, elems, wire, e, shared, 11, enc, tb, own,
+                                              wb.data(), id.data(), nullptr, nullptr);
+                ASSERT_EQ(id, ib);
+              }
+              std::vector<uint8_t> ic(wire, 5);
+              kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
+                                     own, wa.data(), ic.data(), nullptr, nullptr, nullptr, nullptr);
+              ASSERT_EQ(ic, ib);
+              if (bg.first == 4) {
+                std::vector<uint8_t> pa(wire / 2 + 8, 0xAB), pb(wire / 2 + 8, 0xAB), scratch(wire);
+                kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
+                                       own, wa.data(), scratch.data(), pa.data(), nullptr, nullptr, nullptr);
+                kern::pack_bits_scalar(ib.data(), wire, 4, pb.data());
+                ASSERT_EQ(pa, pb);
+              }
             }
           }
         }
