@@ -644,12 +644,12 @@ class HierComm final : public capi::Composite {
     engine::Algo algo = engine::Algo::kInt;
     // A failure of any slice fails the call on every rank (below): the residuals are then put
     // back as they were, as if the call had not been made (the successful slices advanced
-    // theirs). A piece's residual sits at the front of its tensor's state, which keeps the
-    // tensor's count of elements (as the flat engine's would) so it stays safe to hand to any call;
-    // a reduce-scatter's state (of the whole input) holds the residual of this rank's slice at
-    // its front, an allgather's (bound to the own shard) that of the pieces of this rank's slice
-    // that it encodes (its host's), one after another: about as many elements as the shard (more
-    // when hosts have fewer slices than ranks: the state then holds more than its count).
+    // theirs). A state holds only what this rank's slice needs (bound to its tensor's count, as
+    // the flat engine's; a residual shorter than the count reads as zero-padded, engine.h): a
+    // piece's residual, the tensor's elements of this rank's slice; a reduce-scatter's state (of
+    // the whole input), the residual of this rank's slice; an allgather's (bound to the own shard)
+    // that of the pieces of this rank's slice that it encodes (its host's), one after another:
+    // about as many elements as the shard (more when hosts have fewer slices than ranks).
     struct Binding {
       engine::ErrorFeedback* ef = nullptr;
       uint64_t len = 0;  // elements of this rank's slice it holds
@@ -665,17 +665,30 @@ class HierComm final : public capi::Composite {
         if (lay_.host_of[p.t] == lay_.host_index) owned += p.len;
       if (owned) binds.push_back({sh->ef, owned});
     }
+    // The inner calls update the residuals out of place, into the state's `next`, which replaces
+    // the residual only once every slice has made it: a failed call leaves the residuals untouched
+    // without a copy of them. `next` is the residual of the call before, equal to the residual
+    // except where that call wrote (next_differs): only what this call will not overwrite of that
+    // is copied (nothing while a state's slice keeps its length).
     std::vector<engine::ErrorFeedback> subs(binds.size());
-    // (kept across calls: a fresh allocation of a slice's residual per call costs its page faults)
-    std::vector<std::vector<float>>& saved = saved_;
-    if (saved.size() < binds.size()) saved.resize(binds.size());
     for (size_t j = 0; j < binds.size(); ++j) {
       engine::ErrorFeedback* ef = binds[j].ef;
       if (!ef) continue;
-      if (ef->count != 0 && ef->residual.size() < binds[j].len) ef->residual.resize(binds[j].len, 0.0f);
-      if (ef->count != 0) saved[j].assign(ef->residual.begin(), ef->residual.begin() + static_cast<ptrdiff_t>(binds[j].len));
-      subs[j].count = ef->count == 0 ? 0 : binds[j].len;
-      subs[j].residual = std::move(ef->residual);
+      const uint64_t len_j = binds[j].len;
+      if (ef->count != 0 && ef->residual.size() < len_j) ef->residual.resize(len_j, 0.0f);  // (zeros: see engine.h)
+      std::vector<float>& res = ef->residual;
+      if (ef->next.size() != res.size()) {
+        ef->next = res;
+      } else if (ef->next_differs > len_j) {
+        const uint64_t to = std::min<uint64_t>(ef->next_differs, res.size());
+        std::copy(res.begin() + static_cast<ptrdiff_t>(len_j), res.begin() + static_cast<ptrdiff_t>(to),
+                  ef->next.begin() + static_cast<ptrdiff_t>(len_j));
+      }
+      ef->next_differs = len_j;  // (written by this call, whatever its outcome)
+      subs[j].count = ef->count == 0 ? 0 : len_j;
+      subs[j].residual = std::move(res);
+      subs[j].out_of_place = true;
+      subs[j].next = std::move(ef->next);
     }
     if (!mine.empty()) {
       capture(&own, [&] {
@@ -711,8 +724,13 @@ class HierComm final : public capi::Composite {
         if (mean) codec::kern::scale_by(P, len, 1.0f / static_cast<float>(size_));
       });
     }
-    for (size_t j = 0; j < binds.size(); ++j)
-      if (engine::ErrorFeedback* ef = binds[j].ef) ef->residual = std::move(subs[j].residual);
+    // As they were: the update waits in `next` for every slice's outcome.
+    for (size_t j = 0; j < binds.size(); ++j) {
+      if (engine::ErrorFeedback* ef = binds[j].ef) {
+        ef->residual = std::move(subs[j].residual);
+        ef->next = std::move(subs[j].next);
+      }
+    }
     // Every rank learns whether every slice made it before any output is written.
     std::vector<uint32_t> post = words({}, rank_, own.get());
     post.push_back(owner && !own ? (algo == engine::Algo::kPs ? 2u : 1u) : 0u);
@@ -724,20 +742,16 @@ class HierComm final : public capi::Composite {
     } catch (const Error&) {
       for (size_t j = 0; j < binds.size(); ++j) {
         engine::ErrorFeedback* ef = binds[j].ef;
-        if (!ef) continue;
-        if (ef->count != 0) {
-          std::copy(saved[j].begin(), saved[j].end(), ef->residual.begin());
-        } else {
-          ef->residual.clear();
-        }
+        if (ef && ef->count == 0) ef->residual.clear();  // (the inner call's zeros of a first use)
       }
       throw;
     }
-    // Every state of the call is bound to its tensor's count (this rank's slices of it at the
-    // front; a reduce-scatter's to the whole input's).
+    for (size_t j = 0; j < binds.size(); ++j)
+      if (engine::ErrorFeedback* ef = binds[j].ef) std::swap(ef->residual, ef->next);
+    // Every state of the call is bound to its tensor's count (a reduce-scatter's to the whole
+    // input's), holding only this rank's slice of it (none where the rank owns no slice).
     auto bind = [](engine::ErrorFeedback* ef, uint64_t c) {
       if (ef->count == 0) ef->count = c;
-      if (ef->residual.size() < c) ef->residual.resize(c, 0.0f);
     };
     for (const engine::Tensor& t : ts)
       if (t.ef && t.count) bind(t.ef, t.count);
@@ -1155,7 +1169,6 @@ class HierComm final : public capi::Composite {
   static constexpr uint64_t kPiece = 8192;
   std::vector<float> scratch_;
   std::vector<float> priv_;  // this rank's slice when a call streams in rounds
-  std::vector<std::vector<float>> saved_;  // a call's residuals as they were (put back if it fails)
   engine::EngineStats stats_;
 };
 

@@ -376,6 +376,8 @@ void Engine::allreduce(codec::Scheme scheme, const void* send, void* recv, uint6
     }
     if (on_device && dtype == DType::kF64)
       fail(Status::kUnsupported, "float64 device buffers: the GPU codec takes float32, float16 and bfloat16");
+    if (on_device && ef && ef->out_of_place)
+      fail(Status::kUnsupported, "out-of-place error feedback takes host buffers only");
     p = plan(scheme, count, dtype, mean);
     if (on_device && !device_) device_ = dev->open();
   } catch (...) {
@@ -414,7 +416,9 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
     ef->count = count;
     ef->residual.assign(count, 0.0f);
   }
+  if (ef && ef->residual.size() < count) ef->residual.resize(count, 0.0f);  // (see engine.h)
   const float* efr = ef ? ef->residual.data() : nullptr;
+  float* const efw = ef ? ef->target(count) : nullptr;  // the updated residual (efr itself in place)
 
   const uint64_t chunk_blocks = plan.chunk_blocks;
   // The pipeline's chunks (larger in the middle of a long call where the backend asks for it).
@@ -515,7 +519,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
           for (uint64_t i = 0; i < m; ++i) dst[i] *= static_cast<float>(n);
         if (ef && !p.self_counted) {
           // Left out of the aggregate: the whole contribution x = grad + e stays in the residual.
-          std::memcpy(ef->residual.data() + first, s.x.data() + (first - s.b0 * B), m * sizeof(float));
+          std::memcpy(efw + first, s.x.data() + (first - s.b0 * B), m * sizeof(float));
         }
         if (!recvf) store_from_float(obuf.data(), m, dtype, recv, first);
         if (drive && drive->req) drive->req->test();
@@ -533,15 +537,15 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       if (!s || s->nblk == 0 || s->b0 < from_b0) continue;
       const uint64_t first = s->b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s->nblk * B);
-      std::memcpy(ef->residual.data() + first, s->x.data(), m * sizeof(float));
+      std::memcpy(efw + first, s->x.data(), m * sizeof(float));
       done_to = std::max(done_to, first + m);
     }
     if (done_to < count) {
       std::vector<float> tmp(std::min<uint64_t>(count - done_to, 1u << 20));
       for (uint64_t f = done_to; f < count; f += tmp.size()) {
         const uint64_t m = std::min<uint64_t>(count - f, tmp.size());
-        load_as_float(send, dtype, f, m, ef->residual.data() + f, tmp.data());
-        std::memcpy(ef->residual.data() + f, tmp.data(), m * sizeof(float));
+        load_as_float(send, dtype, f, m, efr + f, tmp.data());
+        std::memcpy(efw + f, tmp.data(), m * sizeof(float));
       }
     }
   };
@@ -572,7 +576,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       } else {
         out.values = s.sums;
       }
-      if (ef) out.residual = ef->residual.data() + first;
+      if (ef) out.residual = efw + first;
       if (add_in_codec) out.staged = s.x.data();
       host_->encode(
           cod, lay, b0, s.nblk, xin, stats.data() + b0, rng, out,

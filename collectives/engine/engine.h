@@ -21,14 +21,32 @@ namespace thc::engine {
 
 // Error-feedback state of one tensor (THC Algorithm 3): x = grad + e; e <- x - own contribution.
 // Bound on first use to a count and to host or device memory: the residual lives beside the
-// buffers (a device residual belongs to the device session that allocated it).
+// buffers (a device residual belongs to the device session that allocated it). A host residual
+// shorter than the count (a hierarchical communicator's state holds only its rank's slice) is
+// zero-padded to the count when a flat call takes it.
+// Out of place (host buffers only; the hierarchical communicator's slices, which must be able to
+// undo a call that fails on another slice without a copy of the residual): a call reads
+// `residual` and writes the updated residual to `next` (grown to the count; what the call does
+// not cover is left as it was), leaving `residual` as it was; the caller swaps them once the
+// call has succeeded everywhere.
 struct ErrorFeedback {
   std::vector<float> residual;
   uint64_t count = 0;
   std::shared_ptr<float> device;  // device residual of `count` floats (device buffers)
   int device_id = -1;
+  bool out_of_place = false;
+  std::vector<float> next;
+  uint64_t next_differs = 0;  // (kept by the caller that swaps) next equals residual past this
+  // Where a call on `count` elements writes the updated residual.
+  float* target(uint64_t n) {
+    if (!out_of_place) return residual.data();
+    if (next.size() < n) next.resize(n, 0.0f);
+    return next.data();
+  }
   void reset() {
     residual.clear();
+    next.clear();
+    next_differs = 0;
     device.reset();
     device_id = -1;
     count = 0;

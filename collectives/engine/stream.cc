@@ -54,7 +54,8 @@ struct Engine::Stream {
     ErrorFeedback* ef = nullptr;    // the state to bind (count ef_count), and the residual below
     uint64_t ef_count = 0;
     float* res = nullptr;           // the tensor's residual (set once bound; device memory if dev)
-    uint64_t res_off = 0;           // its offset in the residual
+    float* res_out = nullptr;       // where the updated residual goes (res itself unless out of place)
+    uint64_t res_off = 0;           // its offset in the residual (and in the updated one)
     bool dev = false;               // send and recv are device memory (the device codec's)
     codec::Layout lay;
     codec::CallRng rng;
@@ -252,6 +253,8 @@ void Engine::run_stream(Stream& st) {
       if (s.ef && s.ef->count != 0 && s.ef->count != s.ef_count)
         fail(Status::kInvalidArgument, "error-feedback state was bound to count " + std::to_string(s.ef->count) +
                                            ", used with count " + std::to_string(s.ef_count));
+      if (s.ef && s.ef->out_of_place && s.dev)
+        fail(Status::kUnsupported, "tensor " + std::to_string(i) + ": out-of-place error feedback takes host buffers only");
       if (s.ef && s.ef->count != 0 && (s.ef->device != nullptr) != s.dev)
         fail(Status::kInvalidArgument, std::string("error-feedback state was bound to ") +
                                            (s.ef->device ? "device" : "host") + " buffers, used with " +
@@ -381,13 +384,16 @@ void Engine::run_stream(Stream& st) {
       if (!s.ef || !s.count) continue;
       if (s.dev) {
         s.res = ds->residual(*s.ef, s.ef_count) + s.res_off;
+        s.res_out = s.res;
         dev_keep |= keep_x && s.send;
       } else {
         if (s.ef->count == 0) {
           s.ef->count = s.ef_count;
           s.ef->residual.assign(s.ef_count, 0.0f);
         }
+        if (s.ef->residual.size() < s.ef_count) s.ef->residual.resize(s.ef_count, 0.0f);  // (see engine.h)
         s.res = s.ef->residual.data() + s.res_off;
+        s.res_out = s.ef->target(s.ef_count) + s.res_off;
       }
     }
     if (ds) ds->reserve(nb, max_wire, max_elems, dev_keep);
@@ -600,7 +606,7 @@ void Engine::run_stream(Stream& st) {
           if (!st.mean && ct.contributors != n)
             for (uint64_t i = 0; i < m; ++i) dst[i] *= static_cast<float>(n);
           if (sg.res && !ct.self_counted)  // left out of the aggregate: x = grad + e stays in the residual
-            std::memcpy(sg.res + first, s.x.data() + r.xoff + (first - r.b0 * B), m * sizeof(float));
+            std::memcpy(sg.res_out + first, s.x.data() + r.xoff + (first - r.b0 * B), m * sizeof(float));
         }
         if (!direct) store_from_float(obuf.data(), m, sg.out_dtype, sg.recv, first);
         if (drive && drive->req) drive->req->test();
@@ -633,11 +639,11 @@ void Engine::run_stream(Stream& st) {
           continue;
         }
         if (held) {
-          std::memcpy(sg.res + first, held->x.data() + r.xoff, r.elems * sizeof(float));
+          std::memcpy(sg.res_out + first, held->x.data() + r.xoff, r.elems * sizeof(float));
         } else {
           tmp.resize(r.elems);
           load_as_float(sg.send, sg.dtype, first, r.elems, sg.res + first, tmp.data());
-          std::memcpy(sg.res + first, tmp.data(), r.elems * sizeof(float));
+          std::memcpy(sg.res_out + first, tmp.data(), r.elems * sizeof(float));
         }
       }
     }
@@ -679,7 +685,7 @@ void Engine::run_stream(Stream& st) {
         } else {
           out.values = s.sums.data() + r.woff * wsz;
         }
-        if (sg.res) out.residual = sg.res + first;
+        if (sg.res) out.residual = sg.res_out + first;
         if (add_in_codec) out.staged = s.x.data() + r.xoff;
         host_->encode(
             cod, sg.lay, r.b0, r.nblk, xin, stats.data() + sg.g0 + r.b0, sg.rng, out,

@@ -319,6 +319,119 @@ TEST(Engine, ErrorFeedbackRunningAverageConvergesToTrueSum) {
   EXPECT_LT(nmse_ef, 1e-3);
 }
 
+// Out-of-place error feedback (the hierarchical communicator's, which undoes a failed call by
+// keeping the residual): the call leaves `residual` as it was and writes into `next` bit for
+// bit what the in-place call leaves in `residual`, with the same results: a single allreduce
+// (float32, whose encode sums grad + e as it reads them, and bfloat16, staged), and a group.
+TEST(Engine, OutOfPlaceErrorFeedbackWritesTheInPlaceUpdateToNext) {
+  const int n = 3;
+  thc_config_t cfg = base_config();
+  cfg.p = 0.2;
+  const std::vector<size_t> counts = {5000, 2048, 777};
+  std::vector<std::vector<float>> in(n);
+  for (int r = 0; r < n; ++r) in[r] = gaussian(5000, 300 + r);
+  for (int mode = 0; mode < 3; ++mode) {  // single float32, single bfloat16, group
+    SCOPED_TRACE(mode == 0 ? "float32" : mode == 1 ? "bfloat16" : "group");
+    const size_t nt = mode == 2 ? counts.size() : 1;
+    // [out_of_place][rank][tensor]: residual before call 2, after it, next after it; outputs.
+    std::vector<std::vector<std::vector<std::vector<float>>>> before(2), after(2), next(2), out(2);
+    for (int oop = 0; oop < 2; ++oop) {
+      for (auto* v : {&before, &after, &next, &out}) (*v)[oop].assign(n, std::vector<std::vector<float>>(nt));
+      const auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+        std::vector<thc_state_t> ef(nt);
+        for (auto& e : ef) thc_state_create(&e);
+        std::vector<std::vector<float>> o(nt);
+        std::vector<std::vector<uint16_t>> bf(nt), obf(nt);
+        thc_status_t s = THC_SUCCESS;
+        for (int call = 0; call < 2 && s == THC_SUCCESS; ++call) {
+          if (call == 1) {
+            for (size_t t = 0; t < nt; ++t) {
+              before[oop][r][t] = ef[t]->ef.residual;
+              ef[t]->ef.out_of_place = oop == 1;
+            }
+          }
+          if (mode == 0) {
+            o[0].assign(5000, 0.0f);
+            s = thc_allreduce(in[r].data(), o[0].data(), 5000, THC_FLOAT32, THC_OP_SUM, comm, ef[0]);
+          } else if (mode == 1) {
+            bf[0].resize(5000);
+            obf[0].assign(5000, 0);
+            for (size_t i = 0; i < 5000; ++i) bf[0][i] = thc::engine::float_to_bf16(in[r][i]);
+            s = thc_allreduce(bf[0].data(), obf[0].data(), 5000, THC_BFLOAT16, THC_OP_SUM, comm, ef[0]);
+            o[0].resize(5000);
+            for (size_t i = 0; i < 5000; ++i) o[0][i] = thc::engine::bf16_to_float(obf[0][i]);
+          } else {
+            std::vector<thc_tensor_t> ts(nt);
+            for (size_t t = 0; t < nt; ++t) {
+              o[t].assign(counts[t], 0.0f);
+              ts[t] = thc_tensor_t{in[r].data(), o[t].data(), counts[t], THC_FLOAT32, ef[t]};
+            }
+            s = thc_allreduce_group(THC_SCHEME_THC, ts.data(), nt, THC_OP_SUM, comm);
+          }
+        }
+        for (size_t t = 0; t < nt; ++t) {
+          after[oop][r][t] = ef[t]->ef.residual;
+          next[oop][r][t] = ef[t]->ef.next;
+          out[oop][r][t] = o[t];
+          thc_state_destroy(ef[t]);
+        }
+        return s;
+      });
+      for (int r = 0; r < n; ++r) ASSERT_EQ(st[r], THC_SUCCESS) << "rank " << r << ": " << thc_last_error();
+    }
+    for (int r = 0; r < n; ++r) {
+      for (size_t t = 0; t < nt; ++t) {
+        const size_t c = mode == 2 ? counts[t] : 5000;
+        ASSERT_EQ(after[0][r][t].size(), c);
+        EXPECT_NE(after[0][r][t], before[0][r][t]) << "rank " << r << " tensor " << t;  // (it did change)
+        EXPECT_EQ(after[1][r][t], before[1][r][t]) << "rank " << r << " tensor " << t;
+        ASSERT_GE(next[1][r][t].size(), c);
+        EXPECT_EQ(0, std::memcmp(next[1][r][t].data(), after[0][r][t].data(), c * 4)) << "rank " << r << " tensor " << t;
+        EXPECT_EQ(0, std::memcmp(out[1][r][t].data(), out[0][r][t].data(), c * 4)) << "rank " << r << " tensor " << t;
+      }
+    }
+  }
+}
+
+// A host residual shorter than its count (a hierarchical communicator's state holds only its
+// rank's slice) reads as zero-padded to the count: the same results and residual as the padded
+// state, single allreduce and group.
+TEST(Engine, ShortResidualReadsAsZeroPadded) {
+  const int n = 2;
+  const thc_config_t cfg = base_config();
+  const size_t count = 5000;
+  for (int group = 0; group < 2; ++group) {
+    std::vector<std::vector<float>> res(2 * n), out(2 * n);
+    for (int padded = 0; padded < 2; ++padded) {
+      const auto st = run_workers(n, cfg, [&](int r, thc_comm_t comm) {
+        thc_state_t ef;
+        thc_state_create(&ef);
+        ef->ef.count = count;
+        ef->ef.residual = gaussian(1500, 70 + r);
+        if (padded) ef->ef.residual.resize(count, 0.0f);
+        const auto x = gaussian(count, 80 + r);
+        std::vector<float> o(count);
+        thc_status_t s;
+        if (group) {
+          const thc_tensor_t t{x.data(), o.data(), count, THC_FLOAT32, ef};
+          s = thc_allreduce_group(THC_SCHEME_THC, &t, 1, THC_OP_SUM, comm);
+        } else {
+          s = thc_allreduce(x.data(), o.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef);
+        }
+        res[2 * r + padded] = ef->ef.residual;
+        out[2 * r + padded] = o;
+        thc_state_destroy(ef);
+        return s;
+      });
+      for (int r = 0; r < n; ++r) ASSERT_EQ(st[r], THC_SUCCESS) << thc_last_error();
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(res[2 * r], res[2 * r + 1]) << (group ? "group" : "single") << " rank " << r;
+      EXPECT_EQ(out[2 * r], out[2 * r + 1]) << (group ? "group" : "single") << " rank " << r;
+    }
+  }
+}
+
 TEST(Engine, NonFiniteOnOneRankIsReportedOnEveryRank) {
   const int n = 3;
   const thc_config_t cfg = base_config();
