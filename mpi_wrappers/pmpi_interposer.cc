@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/capi/capi.h"
 #include "mpi_wrappers/thc_mpi_internal.h"
 #include "thc/thc_mpi.h"
 
@@ -125,6 +126,19 @@ CommRec* rec_for(MPI_Comm comm) {
   return rec;
 }
 
+// Drops the least recently used states that no call is using until `extra` more bytes fit.
+void evict_locked(size_t extra, long max_bytes) {
+  for (auto v = g_lru.end(); g_ef_bytes + extra > static_cast<size_t>(max_bytes) && v != g_lru.begin();) {
+    --v;
+    CommRec* vr = v->first;
+    auto ve = vr->ef.find(v->second);
+    if (ve->second.busy > 0) continue;  // another thread's call is using it
+    v = std::next(v);
+    drop_entry_locked(vr, ve);
+    g_cnt.ef_evictions++;
+  }
+}
+
 // The residual of (buf, count) on rec's communicator, marked busy; nullptr when it cannot fit.
 thc_state_t ef_acquire(CommRec* rec, const void* buf, size_t count, long max_bytes) {
   std::lock_guard<std::mutex> lk(g_mu);
@@ -137,15 +151,7 @@ thc_state_t ef_acquire(CommRec* rec, const void* buf, size_t count, long max_byt
   }
   const size_t bytes = count * sizeof(float);
   if (bytes > static_cast<size_t>(max_bytes)) return nullptr;  // larger than the whole budget: no EF
-  for (auto v = g_lru.end(); g_ef_bytes + bytes > static_cast<size_t>(max_bytes) && v != g_lru.begin();) {
-    --v;
-    CommRec* vr = v->first;
-    auto ve = vr->ef.find(v->second);
-    if (ve->second.busy > 0) continue;  // another thread's call is using it
-    v = std::next(v);
-    drop_entry_locked(vr, ve);
-    g_cnt.ef_evictions++;
-  }
+  evict_locked(bytes, max_bytes);
   thc_state_t st;
   if (thc_state_create(&st) != THC_SUCCESS) return nullptr;
   g_lru.emplace_front(rec, key);
@@ -158,10 +164,27 @@ thc_state_t ef_acquire(CommRec* rec, const void* buf, size_t count, long max_byt
   return st;
 }
 
-void ef_release(CommRec* rec, const void* buf, size_t count) {
+// The memory a state holds once a call has used it: its host residual (on a hierarchical
+// communicator only its rank's slice, with the spare the update goes to: 2/S of the tensor, S the
+// fewest ranks a host has), or a device residual of `count` floats.
+size_t state_bytes(thc_state_t st, size_t count) {
+  const thc::engine::ErrorFeedback& ef = st->ef;
+  const size_t host = (ef.residual.capacity() + ef.next.capacity()) * sizeof(float);
+  return host + (ef.device ? count * sizeof(float) : 0);
+}
+
+// The call is done with the state: from now on it counts as what it holds (ef_acquire counted a
+// new one as `count` floats), and states no call uses are dropped if that exceeds the budget.
+void ef_release(CommRec* rec, const void* buf, size_t count, long max_bytes) {
   std::lock_guard<std::mutex> lk(g_mu);
   auto it = rec->ef.find(std::make_pair(buf, count));
-  if (it != rec->ef.end()) it->second.busy--;
+  if (it == rec->ef.end()) return;
+  EfEntry& e = it->second;
+  if (--e.busy > 0) return;
+  const size_t b = state_bytes(e.state, count);
+  g_ef_bytes = g_ef_bytes - e.bytes + b;
+  e.bytes = b;
+  evict_locked(0, max_bytes);
 }
 
 bool eligible(MPI_Datatype dt, MPI_Op op, int count, MPI_Comm comm, const thc_config_t& cfg) {
@@ -239,7 +262,8 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
     g_cnt.calls++;
   }
   const size_t n = static_cast<size_t>(count);
-  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, s.cfg.ef_max_bytes) : nullptr;
+  const long max_bytes = s.cfg.ef_max_bytes;
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, max_bytes) : nullptr;
   const thc_dtype_t dt =
       datatype == MPI_FLOAT ? THC_FLOAT32 : (datatype == THC_MPI_FLOAT16() ? THC_FLOAT16 : THC_BFLOAT16);
   thc_comm_t tc = nullptr;
@@ -247,7 +271,7 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   if (why == THC_SUCCESS)
     why = thc_allreduce_scheme(static_cast<thc_scheme_t>(s.cfg.mpi_allreduce),
                                sendbuf == MPI_IN_PLACE ? THC_IN_PLACE : sendbuf, recvbuf, n, dt, THC_OP_SUM, tc, ef);
-  if (ef) ef_release(rec, recvbuf, n);
+  if (ef) ef_release(rec, recvbuf, n, max_bytes);
   const int elem = datatype == MPI_FLOAT ? 4 : 2;
   if (why == THC_SUCCESS) {
     thc_stats_t st;
@@ -292,10 +316,11 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
     g_cnt.calls++;
   }
   const size_t n = static_cast<size_t>(count);
-  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, s.cfg.ef_max_bytes) : nullptr;
+  const long max_bytes = s.cfg.ef_max_bytes;
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, recvbuf, n, max_bytes) : nullptr;
   thc_comm_t tc = nullptr;
   if (THC_Comm_get(comm, &tc) != THC_SUCCESS) {
-    if (ef) ef_release(rec, recvbuf, n);
+    if (ef) ef_release(rec, recvbuf, n, max_bytes);
     std::fprintf(stderr, "libthc_mpi: compressed MPI_Iallreduce failed: %s\n", thc_last_error());
     const int code = mpi_code(THC_ERR_TRANSPORT);
     PMPI_Comm_call_errhandler(comm, code);
@@ -304,8 +329,8 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   thc::mpi::IallreduceHooks h;
   h.nonfinite_exact = true;
   h.code_of = [](thc_status_t st) { return mpi_code(st); };
-  h.done = [rec, recvbuf, n, ef, tc, elem](int code, thc_status_t st, const std::string& msg) {
-    if (ef) ef_release(rec, recvbuf, n);
+  h.done = [rec, recvbuf, n, ef, tc, elem, max_bytes](int code, thc_status_t st, const std::string& msg) {
+    if (ef) ef_release(rec, recvbuf, n, max_bytes);
     if (st == THC_SUCCESS) {
       count_done(rec, tc, static_cast<uint64_t>(n) * elem);
     } else if (st == THC_ERR_NONFINITE && code == MPI_SUCCESS) {
@@ -343,7 +368,8 @@ int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[
   // The residual follows the input, as a gradient buffer is reused from step to step.
   const void* key = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
   const size_t n = static_cast<size_t>(total);
-  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, s.cfg.ef_max_bytes) : nullptr;
+  const long max_bytes = s.cfg.ef_max_bytes;
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, max_bytes) : nullptr;
   thc_comm_t tc = nullptr;
   thc_status_t why = THC_Comm_get(comm, &tc);
   if (why == THC_SUCCESS) {
@@ -353,7 +379,7 @@ int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[
                              sendbuf == MPI_IN_PLACE ? THC_IN_PLACE : sendbuf, recvbuf, counts.data(),
                              thc_dtype(datatype), THC_OP_SUM, tc, ef);
   }
-  if (ef) ef_release(rec, key, n);
+  if (ef) ef_release(rec, key, n, max_bytes);
   if (why == THC_SUCCESS) {
     count_done(rec, tc, static_cast<uint64_t>(total) * elem);
     return MPI_SUCCESS;
@@ -404,7 +430,8 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
   }
   const void* key = in_place ? static_cast<const char*>(recvbuf) + static_cast<size_t>(me) * recvcount * elem : sendbuf;
   const size_t n = static_cast<size_t>(recvcount);
-  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, s.cfg.ef_max_bytes) : nullptr;
+  const long max_bytes = s.cfg.ef_max_bytes;
+  thc_state_t ef = s.cfg.ef ? ef_acquire(rec, key, n, max_bytes) : nullptr;
   thc_comm_t tc = nullptr;
   thc_status_t why = THC_Comm_get(comm, &tc);
   int nranks = 0;
@@ -414,7 +441,7 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
     why = thc_allgather(static_cast<thc_scheme_t>(s.cfg.mpi_allgather), in_place ? THC_IN_PLACE : sendbuf, recvbuf,
                         counts.data(), thc_dtype(recvtype), tc, ef);
   }
-  if (ef) ef_release(rec, key, n);
+  if (ef) ef_release(rec, key, n, max_bytes);
   if (why == THC_SUCCESS) {
     count_done(rec, tc, static_cast<uint64_t>(n) * nranks * elem);
     return MPI_SUCCESS;
