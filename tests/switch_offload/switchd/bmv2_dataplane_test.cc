@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -63,17 +65,27 @@ class SimpleSwitch {
     pid_ = thc::test::spawn(argv, dir_ + "/log");
   }
   ~SimpleSwitch() {
-    ::kill(pid_, SIGKILL);
-    thc::test::wait_child(pid_, 10);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      thc::test::wait_child(pid_, 10);
+    }
     std::system(("rm -rf " + dir_).c_str());
   }
-  // The backend, once simple_switch serves (it takes a moment to start).
+  // The backend, once simple_switch serves. It takes a moment to start, seconds more on a loaded
+  // machine (a CI run once gave up after 10 s): waited for up to 90 s while it runs; if it exits
+  // first, the failure says so with its log.
   std::unique_ptr<Bmv2DataPlane> connect() {
-    for (int i = 0;; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    for (;;) {
       try {
         return std::make_unique<Bmv2DataPlane>("127.0.0.1", port_);
       } catch (const thc::Error& e) {
-        if (e.status() != thc::Status::kTransport || i > 200) throw;
+        if (e.status() != thc::Status::kTransport || std::chrono::steady_clock::now() > deadline) throw;
+      }
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error("simple_switch exited before serving (status " + std::to_string(st) + "): " + log());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
