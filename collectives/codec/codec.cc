@@ -330,7 +330,7 @@ void Codec::encode_block(const float* x, const float* add, float* staged, uint64
                          float* work) const {
   const BlockScale bs = block_scale(stat, wire);
   const rng::Stream own = rng.own();
-  if (add && (bs.zero || !rotates())) {  // only THC's kernel sums as it reads
+  if (add && bs.zero) {  // (no encode reads the block)
     kern::add_pair(x, add, elems, staged);
     x = staged;
     add = nullptr;
@@ -359,7 +359,7 @@ void Codec::encode_block(const float* x, const float* add, float* staged, uint64
                            bits_ == 4 ? packed : nullptr, val, x + 2 * block(), add ? add + 2 * block() : nullptr);
     if (packed && bits_ != 4) pack_bits(idx, wire, bits_, packed);
   } else {
-    kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val, packed);
+    kern::nat_quantize(x, elems, -bs.exp, bs.enc, levels_, bits_, own, blk, idx, val, packed, add, staged);
   }
 }
 

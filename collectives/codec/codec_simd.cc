@@ -61,7 +61,11 @@ void ThcQuantizeImpl(const float* work, uint64_t n, float enc, const kern::ThcTa
   kern::thc_quantize_scalar(work, n, enc, tb, own, blk, idx, val);
 }
 void NatQuantizeImpl(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
-                     uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed) {
+                     uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed, const float* add, float* staged) {
+  if (add) {
+    kern::add_pair_scalar(x, add, n, staged);
+    x = staged;
+  }
   kern::nat_quantize_scalar(x, n, e, enc, levels, bits, own, blk, idx, val);
   if (packed) kern::pack_bits_scalar(idx, n, bits, packed);
 }
@@ -366,10 +370,24 @@ struct PackRegs {
 };
 #endif
 
-void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, int levels, int bits,
-                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val,
-                     uint8_t* HWY_RESTRICT packed) {
+// kAdd: error feedback's x + add, summed as read (add_pair's bits) and stored to staged; a
+// template parameter, so that the loops without it stay as they were.
+template <bool kAdd>
+HWY_INLINE void NatQuantizeT(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, int levels, int bits,
+                             const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx,
+                             int32_t* HWY_RESTRICT val, uint8_t* HWY_RESTRICT packed, const float* HWY_RESTRICT add,
+                             float* HWY_RESTRICT staged) {
   const DF d;
+  // The input at j: x, or x + add, also stored to staged.
+  auto input = [&](uint64_t j) THC_LAMBDA_INLINE {
+    if constexpr (!kAdd) {
+      return hn::LoadU(d, x + j);
+    } else {
+      const auto s = hn::Add(hn::LoadU(d, x + j), hn::LoadU(d, add + j));
+      hn::StoreU(s, d, staged + j);
+      return s;
+    }
+  };
   const DU du;
   const DI di;
   const size_t N = hn::Lanes(d);
@@ -390,8 +408,11 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   // x * 1 is x for every float but NaN, which never gets here: Cnat (enc = 1) skips the product.
   const bool scale_enc = enc != 1.0f;
   auto one = [&](uint64_t j, hn::Vec<DU> rd) THC_LAMBDA_INLINE {
-    if (j % 16 == 0) hwy::Prefetch(x + j + kPrefetchFloats);
-    const auto a = hn::LoadU(d, x + j);
+    if (j % 16 == 0) {
+      hwy::Prefetch(x + j + kPrefetchFloats);
+      if constexpr (kAdd) hwy::Prefetch(add + j + kPrefetchFloats);
+    }
+    const auto a = input(j);
     auto r = hn::Mul(hn::Mul(hn::Abs(a), v1), v2);
     if (scale_enc) r = hn::Mul(r, venc);
     r = hn::IfThenElseZero(hn::Ge(r, zero), hn::Min(rmax, r));  // NaN -> 0, as nat_round
@@ -440,7 +461,8 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     const __m512 s32 = _mm512_set1_ps(elem::pow2f(e + 32));
     auto one_bits = [&](uint64_t j, hn::Vec<DU> rd) THC_LAMBDA_INLINE {
       hwy::Prefetch(x + j + kPrefetchFloats);
-      const __m512i bx = _mm512_loadu_si512(x + j);
+      if constexpr (kAdd) hwy::Prefetch(add + j + kPrefetchFloats);
+      const __m512i bx = _mm512_castps_si512(input(j).raw);
       const __m512i ax = _mm512_and_si512(bx, absm);
       const __m512i jx = rd.raw;
       const __mmask16 up = _mm512_cmplt_epu32_mask(jx, _mm512_slli_epi32(bx, 9));
@@ -483,7 +505,8 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   for (; i + step <= n; i += step)
     PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
   TailWithDraws(fam, i, n, [&](uint64_t j, uint32_t r) {
-    const float a = x[j];
+    float a = x[j];
+    if constexpr (kAdd) staged[j] = a = a + add[j];
     const float rr = elem::scale2(std::fabs(a), e) * enc;
     uint8_t z;
     int32_t q;
@@ -493,6 +516,15 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
   });
   // What the fused loop left (i0 a multiple of 8: whole bytes of packed) from idx.
   if (packed && i0 < n) PackBitsImpl(idx + i0, n - i0, bits, packed + i0 / 8 * static_cast<uint64_t>(bits));
+}
+void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, int levels, int bits,
+                     const rng::Stream& own, uint64_t blk, uint8_t* HWY_RESTRICT idx, int32_t* HWY_RESTRICT val,
+                     uint8_t* HWY_RESTRICT packed, const float* HWY_RESTRICT add, float* HWY_RESTRICT staged) {
+  if (add) {
+    NatQuantizeT<true>(x, n, e, enc, levels, bits, own, blk, idx, val, packed, add, staged);
+  } else {
+    NatQuantizeT<false>(x, n, e, enc, levels, bits, own, blk, idx, val, packed, nullptr, nullptr);
+  }
 }
 // Typed integers -> float (static_cast semantics: exact below 2^24, round to nearest above).
 template <typename T>
@@ -904,8 +936,8 @@ void thc_quantize(const float* work, uint64_t n, float enc, const ThcTables& tb,
   HWY_DYNAMIC_DISPATCH(ThcQuantizeImpl)(work, n, enc, tb, own, blk, idx, val, prefetch);
 }
 void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed) {
-  HWY_DYNAMIC_DISPATCH(NatQuantizeImpl)(x, n, e, enc, levels, bits, own, blk, idx, val, packed);
+                  uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed, const float* add, float* staged) {
+  HWY_DYNAMIC_DISPATCH(NatQuantizeImpl)(x, n, e, enc, levels, bits, own, blk, idx, val, packed, add, staged);
 }
 void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
                  float* work) {

@@ -92,9 +92,12 @@ void thc_quantize_scalar(const float* work, uint64_t n, float enc, const ThcTabl
 
 // Natural rounding of n elements: r = scale2(|x|, e) * enc, nat_round(r, x < 0, u_i, levels, bits).
 // packed (may be null): the codes also go there as pack_bits(codes, n, bits) would write them;
-// idx must then be given and is scratch (not all of it is written).
+// idx must then be given and is scratch (not all of it is written). With add (error feedback)
+// the elements rounded are x + add, summed as add_pair does as they are read and written to
+// staged (n floats, overlapping neither x nor add).
 void nat_quantize(const float* x, uint64_t n, int e, float enc, int levels, int bits, const rng::Stream& own,
-                  uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed = nullptr);
+                  uint64_t blk, uint8_t* idx, int32_t* val, uint8_t* packed = nullptr, const float* add = nullptr,
+                  float* staged = nullptr);
 void nat_quantize_scalar(const float* x, uint64_t n, int e, float enc, int levels, int bits,
                          const rng::Stream& own, uint64_t blk, uint8_t* idx, int32_t* val);
 

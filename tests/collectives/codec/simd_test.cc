@@ -599,6 +599,16 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
             ASSERT_EQ(v1, v2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
             kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i3.data(), nullptr);  // codes only
             ASSERT_EQ(i3, i2) << "levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            // Error feedback's x + add, summed as read: the codes of the staged sum, and the sum.
+            std::vector<float> add(n), staged(n + 16, 9.0f), ref(n + 16, 9.0f);
+            for (uint64_t k = 0; k < n; ++k) add[k] = x[(k * 7) % n] * 0.25f;
+            kern::add_pair_scalar(x.data(), add.data(), n, ref.data());
+            kern::nat_quantize(x.data(), n, e, enc, levels, bits, own, 9, i1.data(), v1.data(), nullptr, add.data(),
+                               staged.data());
+            kern::nat_quantize_scalar(ref.data(), n, e, enc, levels, bits, own, 9, i2.data(), v2.data());
+            ASSERT_EQ(i1, i2) << "add: levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            ASSERT_EQ(v1, v2) << "add: levels " << levels << " e " << e << " n " << n << " enc " << enc;
+            ASSERT_TRUE(same_bits(staged.data(), ref.data(), (n + 16) * 4)) << "add: " << first_diff(staged, ref);
           }
         }
       }
@@ -623,9 +633,16 @@ TEST(SimdKernels, NatQuantizePackedMatchesScalarPack) {
               std::vector<int32_t> v1(n), v2(n);
               const uint64_t bytes = (n * static_cast<uint64_t>(bits) + 7) / 8;
               std::vector<uint8_t> p1(bytes + 64, 0xA5), p2(bytes, 0);
+              // (with values: also error feedback's x + add, summed as read, against the staged sum)
+              std::vector<float> add(with_val ? n : 0), staged(n), ref(x.begin(), x.end());
+              for (uint64_t k = 0; k < add.size(); ++k) add[k] = static_cast<float>(k % 5) - 2.0f;
+              if (with_val) kern::add_pair_scalar(x.data(), add.data(), n, ref.data());
               kern::nat_quantize(x.data(), n, e, 1.0f, levels, bits, own, 9, i1.data(), with_val ? v1.data() : nullptr,
-                                 p1.data());
-              kern::nat_quantize_scalar(x.data(), n, e, 1.0f, levels, bits, own, 9, i2.data(), v2.data());
+                                 p1.data(), with_val ? add.data() : nullptr, with_val ? staged.data() : nullptr);
+              kern::nat_quantize_scalar(ref.data(), n, e, 1.0f, levels, bits, own, 9, i2.data(), v2.data());
+              if (with_val) {
+                ASSERT_TRUE(same_bits(staged.data(), ref.data(), n * 4)) << first_diff(staged, ref);
+              }
               kern::pack_bits_scalar(i2.data(), n, bits, p2.data());
               const std::string what = std::string(input_name(kind)) + " n " + std::to_string(n) + " bits " +
                                        std::to_string(bits) + " e " + std::to_string(e) + " val " +
