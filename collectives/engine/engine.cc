@@ -429,7 +429,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   // the result (the codec touches only a block's real elements), three passes over the data fewer
   // than staging every chunk (the ranks of a host share its cores and its memory bandwidth). The
   // copy x = grad + e is needed only with error feedback (kept for a rank left out).
-  const float* sendf = (dtype == DType::kF32 && !efr) ? static_cast<const float*>(send) : nullptr;
+  const bool stage_x = dtype != DType::kF32 || efr;
   float* recvf = dtype == DType::kF32 ? static_cast<float*>(recv) : nullptr;
   std::vector<float> xbuf(dtype == DType::kF32 ? 0 : buf_elems);  // the prelude's staging of other types
 
@@ -487,7 +487,7 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
   };
   for (size_t i = 0; i < 2; ++i) {
     Slot& s = slots[i];
-    if (!sendf) s.x.resize(buf_elems);
+    if (stage_x) s.x.resize(buf_elems);
     if (!lend) s.sums = stage(2 * i, max_wire * wsz);
     if (algo == Algo::kPs && !adopt) s.packed = stage(2 * i + 1, packed_cap);
   }
@@ -560,11 +560,12 @@ void Engine::allreduce_host(const CallPlan& plan, const void* send, void* recv, 
       s.nblk = run;
       const uint64_t first = b0 * B;
       const uint64_t m = std::min<uint64_t>(count - first, s.nblk * B);
-      // float32 with error feedback: the codec reads grad and e where they are and stages their
-      // sum into s.x itself (the first pass of its encode); other types are staged here.
-      const bool add_in_codec = dtype == DType::kF32 && efr;
-      const float* xin = sendf ? sendf + first : add_in_codec ? static_cast<const float*>(send) + first : s.x.data();
-      if (!sendf && !add_in_codec) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
+      // float32 is read where it is (with error feedback the codec sums grad + e as it reads them
+      // and stages the sum into s.x itself); other types are staged here.
+      const bool f32 = dtype == DType::kF32;
+      const bool add_in_codec = f32 && efr;
+      const float* xin = f32 ? static_cast<const float*>(send) + first : s.x.data();
+      if (!f32) load_as_float(send, dtype, first, m, efr ? efr + first : nullptr, s.x.data());
       // Block by block (over THC_THREADS threads); the chunk in flight keeps progressing.
       codec::Codec::EncodeOut out;
       if (adopt) {

@@ -673,12 +673,12 @@ void Engine::run_stream(Stream& st) {
           continue;
         }
         const uint64_t first = r.b0 * B;
-        const bool direct = sg.dtype == DType::kF32 && !sg.res;
-        // float32 with error feedback: the codec sums grad + e as it reads them and stages the sum.
-        const bool add_in_codec = sg.dtype == DType::kF32 && sg.res;
-        const float* xin = direct || add_in_codec ? static_cast<const float*>(sg.send) + first : s.x.data() + r.xoff;
-        if (!direct && !add_in_codec)
-          load_as_float(sg.send, sg.dtype, first, r.elems, sg.res ? sg.res + first : nullptr, s.x.data() + r.xoff);
+        // float32 is read where it is (with error feedback the codec sums grad + e as it reads
+        // them and stages the sum); other types are staged here.
+        const bool f32 = sg.dtype == DType::kF32;
+        const bool add_in_codec = f32 && sg.res;
+        const float* xin = f32 ? static_cast<const float*>(sg.send) + first : s.x.data() + r.xoff;
+        if (!f32) load_as_float(sg.send, sg.dtype, first, r.elems, sg.res ? sg.res + first : nullptr, s.x.data() + r.xoff);
         codec::Codec::EncodeOut out;
         if (packed_form) {
           out.packed = s.packed.data() + r.woff * bits / 8;
