@@ -182,75 +182,220 @@ void FwhtGeneric(float* HWY_RESTRICT x, uint64_t n) {
 
 #if HWY_TARGET <= HWY_AVX3
 #define THC_FWHT_AVX512 1
+#define THC_FWHT_REG 1
 // ---------------------------------------------------------------------------------------------
-// AVX-512 FWHT in register passes (see the top of the file).
-
-// Stages h = 1, 2, 4, 8 inside one register: v * (+-1) + (v with lanes j, j ^ h swapped) gives
-// x[j] + x[j+h] in the low lane of each pair and x[j-h] - x[j] in the high one; the product by
-// +-1 is exact, so the multiply-add rounds once, exactly like the scalar a + b and a - b.
-struct InRegSigns {
-  __m512 s1, s2, s4, s8;
-};
-HWY_INLINE InRegSigns MakeInRegSigns() {
-  alignas(64) float a[4][16];
-  for (int j = 0; j < 16; ++j) {
-    a[0][j] = (j & 1) ? -1.f : 1.f;
-    a[1][j] = (j & 2) ? -1.f : 1.f;
-    a[2][j] = (j & 4) ? -1.f : 1.f;
-    a[3][j] = (j & 8) ? -1.f : 1.f;
+// FWHT in register passes (see the top of the file): the vector type and its few operations.
+// AVX-512: 16 floats per zmm, stages h = 1, 2, 4, 8 inside a register, radix up to 16 (32 zmm).
+//
+// Stages inside one register: v * (+-1) + (v with lanes j, j ^ h swapped) gives x[j] + x[j+h]
+// in the low lane of each pair and x[j-h] - x[j] in the high one; the product by +-1 is exact,
+// so the multiply-add rounds once, exactly like the scalar a + b and a - b.
+struct RegOps {
+  using V = __m512;
+  static constexpr uint64_t kLanes = 16;
+  static constexpr int kMaxRadix = 4;
+  struct Signs {
+    __m512 s1, s2, s4, s8;
+  };
+  static HWY_INLINE Signs MakeSigns() {
+    alignas(64) float a[4][16];
+    for (int j = 0; j < 16; ++j) {
+      a[0][j] = (j & 1) ? -1.f : 1.f;
+      a[1][j] = (j & 2) ? -1.f : 1.f;
+      a[2][j] = (j & 4) ? -1.f : 1.f;
+      a[3][j] = (j & 8) ? -1.f : 1.f;
+    }
+    return {_mm512_load_ps(a[0]), _mm512_load_ps(a[1]), _mm512_load_ps(a[2]), _mm512_load_ps(a[3])};
   }
-  return {_mm512_load_ps(a[0]), _mm512_load_ps(a[1]), _mm512_load_ps(a[2]), _mm512_load_ps(a[3])};
-}
-HWY_INLINE __m512 InRegStages(__m512 v, const InRegSigns& c) {
-  v = _mm512_fmadd_ps(v, c.s1, _mm512_permute_ps(v, 0xB1));             // h = 1: lanes [1,0,3,2]
-  v = _mm512_fmadd_ps(v, c.s2, _mm512_permute_ps(v, 0x4E));             // h = 2: lanes [2,3,0,1]
-  v = _mm512_fmadd_ps(v, c.s4, _mm512_shuffle_f32x4(v, v, 0xB1));       // h = 4: blocks [1,0,3,2]
-  return _mm512_fmadd_ps(v, c.s8, _mm512_shuffle_f32x4(v, v, 0x4E));    // h = 8: blocks [2,3,0,1]
-}
+  static HWY_INLINE V InReg(V v, const Signs& c) {
+    v = _mm512_fmadd_ps(v, c.s1, _mm512_permute_ps(v, 0xB1));             // h = 1: lanes [1,0,3,2]
+    v = _mm512_fmadd_ps(v, c.s2, _mm512_permute_ps(v, 0x4E));             // h = 2: lanes [2,3,0,1]
+    v = _mm512_fmadd_ps(v, c.s4, _mm512_shuffle_f32x4(v, v, 0xB1));       // h = 4: blocks [1,0,3,2]
+    return _mm512_fmadd_ps(v, c.s8, _mm512_shuffle_f32x4(v, v, 0x4E));    // h = 8: blocks [2,3,0,1]
+  }
+  static HWY_INLINE V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static HWY_INLINE void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static HWY_INLINE V One() { return _mm512_set1_ps(1.0f); }
+  static HWY_INLINE V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static HWY_INLINE V SubByFma(V a, V b, V one) { return _mm512_fnmadd_ps(b, one, a); }
+  static HWY_INLINE V Zero() { return _mm512_setzero_ps(); }
+  static HWY_INLINE V Set1(float f) { return _mm512_set1_ps(f); }
+  static HWY_INLINE V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static HWY_INLINE V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  // Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
+  static HWY_INLINE V Rounded(V v) {
+    asm("" : "+v"(v));
+    return v;
+  }
+  static HWY_INLINE __mmask16 FirstLanes(uint64_t k) {
+    return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
+  }
+  // The first k lanes (k <= kLanes) at p, zeros above; stores of the first k lanes.
+  static HWY_INLINE V LoadN(const float* p, uint64_t k) { return _mm512_maskz_loadu_ps(FirstLanes(k), p); }
+  static HWY_INLINE void StoreN(float* p, uint64_t k, V v) { _mm512_mask_storeu_ps(p, FirstLanes(k), v); }
+  // The RHT's sign flips from a SignBitmap: element i's sign flips where bit i is set.
+  struct Flipper {
+    const uint16_t* masks;
+    __m512 sign;
+    explicit Flipper(const uint32_t* bitmap)
+        : masks(reinterpret_cast<const uint16_t*>(bitmap)), sign(_mm512_set1_ps(-0.0f)) {}
+    HWY_INLINE V operator()(uint64_t i, V v) const {
+      return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
+    }
+  };
+  // kLanes sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
+  template <typename T>
+  static HWY_INLINE V SumsAsFloat(const T* HWY_RESTRICT p) {
+    if constexpr (std::is_same<T, uint8_t>::value) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, int8_t>::value) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, uint16_t>::value) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    } else if constexpr (std::is_same<T, int16_t>::value) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    } else if constexpr (std::is_same<T, int32_t>::value) {
+      return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+    } else {
+      return _mm512_cvtepu32_ps(_mm512_loadu_si512(p));  // correctly rounded, as static_cast
+    }
+  }
+};
+#elif HWY_TARGET == HWY_AVX2
+#define THC_FWHT_AVX512 0
+#define THC_FWHT_REG 1
+// AVX2: 8 floats per ymm, stages h = 1, 2, 4 inside a register, radix up to 8 (16 ymm: a radix-16
+// pass would spill). The same butterflies, so the same bits, as every other target.
+struct RegOps {
+  using V = __m256;
+  static constexpr uint64_t kLanes = 8;
+  static constexpr int kMaxRadix = 3;
+  struct Signs {
+    __m256 s1, s2, s4;
+  };
+  static HWY_INLINE Signs MakeSigns() {
+    alignas(32) float a[3][8];
+    for (int j = 0; j < 8; ++j) {
+      a[0][j] = (j & 1) ? -1.f : 1.f;
+      a[1][j] = (j & 2) ? -1.f : 1.f;
+      a[2][j] = (j & 4) ? -1.f : 1.f;
+    }
+    return {_mm256_load_ps(a[0]), _mm256_load_ps(a[1]), _mm256_load_ps(a[2])};
+  }
+  static HWY_INLINE V InReg(V v, const Signs& c) {
+    v = _mm256_fmadd_ps(v, c.s1, _mm256_permute_ps(v, 0xB1));            // h = 1: lanes [1,0,3,2]
+    v = _mm256_fmadd_ps(v, c.s2, _mm256_permute_ps(v, 0x4E));            // h = 2: lanes [2,3,0,1]
+    return _mm256_fmadd_ps(v, c.s4, _mm256_permute2f128_ps(v, v, 0x01));  // h = 4: halves swapped
+  }
+  static HWY_INLINE V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static HWY_INLINE void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static HWY_INLINE V One() { return _mm256_set1_ps(1.0f); }
+  static HWY_INLINE V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static HWY_INLINE V SubByFma(V a, V b, V one) { return _mm256_fnmadd_ps(b, one, a); }
+  static HWY_INLINE V Zero() { return _mm256_setzero_ps(); }
+  static HWY_INLINE V Set1(float f) { return _mm256_set1_ps(f); }
+  static HWY_INLINE V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static HWY_INLINE V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static HWY_INLINE V Rounded(V v) {
+    asm("" : "+x"(v));
+    return v;
+  }
+  static HWY_INLINE __m256i FirstLanes(uint64_t k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k < 8 ? k : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  // Masked lanes are neither read nor written (no fault past an array's end).
+  static HWY_INLINE V LoadN(const float* p, uint64_t k) { return _mm256_maskload_ps(p, FirstLanes(k)); }
+  static HWY_INLINE void StoreN(float* p, uint64_t k, V v) { _mm256_maskstore_ps(p, FirstLanes(k), v); }
+  // Bit j of the bitmap's byte for lanes i..i+7 shifted to bit 31 of lane j, then the XOR.
+  struct Flipper {
+    const uint8_t* bytes;
+    __m256 sign;
+    __m256i shifts;
+    explicit Flipper(const uint32_t* bitmap)
+        : bytes(reinterpret_cast<const uint8_t*>(bitmap)),
+          sign(_mm256_set1_ps(-0.0f)),
+          shifts(_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24)) {}
+    HWY_INLINE V operator()(uint64_t i, V v) const {
+      const __m256i bits = _mm256_sllv_epi32(_mm256_set1_epi32(bytes[i >> 3]), shifts);
+      return _mm256_xor_ps(v, _mm256_and_ps(_mm256_castsi256_ps(bits), sign));
+    }
+  };
+  // kLanes sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
+  template <typename T>
+  static HWY_INLINE V SumsAsFloat(const T* HWY_RESTRICT p) {
+    if constexpr (std::is_same<T, uint8_t>::value) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, int8_t>::value) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, uint16_t>::value) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, int16_t>::value) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (std::is_same<T, int32_t>::value) {
+      return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    } else {
+      // Two exact halves, one rounding in the add: the correctly rounded float of the u32.
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 16));
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
+      return _mm256_add_ps(_mm256_mul_ps(hi, _mm256_set1_ps(65536.0f)), lo);
+    }
+  }
+};
+#else
+#define THC_FWHT_AVX512 0
+#define THC_FWHT_REG 0
+#endif
+
+#if THC_FWHT_REG
+using RegV = RegOps::V;
+// Floats of a chunk pass: 8 registers.
+constexpr uint64_t kChunk = 8 * RegOps::kLanes;
 
 // R stages across 2^R registers: stage s pairs register m with m + 2^s. The difference goes
 // to the multiply-add units as -(b * 1) + a (the product is exact, so it rounds once, like
 // a - b): on Zen 4 that took the THC encode's cached-block row 5.0-5.4 -> 5.5-5.7 GB/s and
 // ThcDecodeHot 9.3 -> 9.6-9.8 GB/s; sums on those units too were slower (5.0-5.3 / 8.6).
 template <int R>
-HWY_INLINE void CrossStages(__m512 (&v)[1 << R]) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+HWY_INLINE void CrossStages(RegV (&v)[1 << R]) {
+  const RegV one = RegOps::One();
   HWY_UNROLL(4)
   for (int s = 0; s < R; ++s) {
     HWY_UNROLL(16)
     for (int m = 0; m < (1 << R); ++m) {
       if (m & (1 << s)) continue;
-      const __m512 a = v[m], b = v[m + (1 << s)];
-      v[m] = _mm512_add_ps(a, b);
-      v[m + (1 << s)] = _mm512_fnmadd_ps(b, one, a);
+      const RegV a = v[m], b = v[m + (1 << s)];
+      v[m] = RegOps::Add(a, b);
+      v[m + (1 << s)] = RegOps::SubByFma(a, b, one);
     }
   }
 }
 
-// First pass: stages h = 1..64 on each 128-float chunk; load(i) returns the 16 input floats at
-// element i (the pass may read its input from elsewhere and transform it on the way in).
+// First pass: stages h = 1 .. kChunk / 2 on each chunk of kChunk floats (8 registers); load(i)
+// returns the register of input floats at element i (the pass may read its input from
+// elsewhere and transform it on the way in).
 template <class Load>
 HWY_INLINE void ChunkPass(float* HWY_RESTRICT x, uint64_t n, const Load& load) {
-  const InRegSigns c = MakeInRegSigns();
-  for (uint64_t i = 0; i < n; i += 128) {
-    __m512 v[8];
+  const RegOps::Signs c = RegOps::MakeSigns();
+  for (uint64_t i = 0; i < n; i += kChunk) {
+    RegV v[8];
     HWY_UNROLL(8)
-    for (int k = 0; k < 8; ++k) v[k] = InRegStages(load(i + 16 * k), c);
+    for (int k = 0; k < 8; ++k) v[k] = RegOps::InReg(load(i + RegOps::kLanes * k), c);
     CrossStages<3>(v);
     HWY_UNROLL(8)
-    for (int k = 0; k < 8; ++k) _mm512_storeu_ps(x + i + 16 * k, v[k]);
+    for (int k = 0; k < 8; ++k) RegOps::Store(x + i + RegOps::kLanes * k, v[k]);
   }
 }
 
-// A pass of R stages h0 .. 2^(R-1) h0; store(i, v) receives the final 16 floats at element i.
+// A pass of R stages h0 .. 2^(R-1) h0; store(i, v) receives the final register at element i.
 template <int R, class Store>
 HWY_INLINE void RadixPass(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, const Store& store) {
   const uint64_t span = h0 << R;
   for (uint64_t b = 0; b < n; b += span) {
-    for (uint64_t j = b; j < b + h0; j += 16) {
-      __m512 v[1 << R];
+    for (uint64_t j = b; j < b + h0; j += RegOps::kLanes) {
+      RegV v[1 << R];
       HWY_UNROLL(16)
-      for (int m = 0; m < (1 << R); ++m) v[m] = _mm512_loadu_ps(x + j + m * h0);
+      for (int m = 0; m < (1 << R); ++m) v[m] = RegOps::Load(x + j + m * h0);
       CrossStages<R>(v);
       HWY_UNROLL(16)
       for (int m = 0; m < (1 << R); ++m) store(j + m * h0, v[m]);
@@ -264,48 +409,25 @@ HWY_INLINE void RadixPassR(int r, float* HWY_RESTRICT x, uint64_t n, uint64_t h0
     case 1: return RadixPass<1>(x, n, h0, store);
     case 2: return RadixPass<2>(x, n, h0, store);
     case 3: return RadixPass<3>(x, n, h0, store);
-    default: return RadixPass<4>(x, n, h0, store);
+    default:
+      if constexpr (RegOps::kMaxRadix >= 4) return RadixPass<4>(x, n, h0, store);
   }
-}
-
-// Floats of the tiles of FirstPass: 8 KiB, a quarter of the L1 data cache of the machines measured.
-constexpr uint64_t kL1Tile = 2048;
-
-// Span of FirstPass (a power of two, 128 .. kL1Tile): its stages h = 1 .. span / 2 stay within
-// tiles of that many floats; limit (>= 128): the most the caller lets it take.
-HWY_INLINE uint64_t FirstSpan(uint64_t limit) { return limit < kL1Tile ? limit : kL1Tile; }
-
-// Stages h = 1 .. span / 2 (span = FirstSpan(limit)), tile by tile: on each tile of span floats
-// the chunk pass (h = 1..64), then one radix pass of the tile's remaining stages while it is
-// still in L1. A block larger than L1 (2^14 floats: 64 KiB) then goes through L1 once for
-// these stages instead of once per pass. Returns span.
-template <class Load>
-HWY_INLINE uint64_t FirstPass(float* HWY_RESTRICT x, uint64_t n, uint64_t limit, const Load& load) {
-  const uint64_t span = FirstSpan(limit);
-  int r = 0;
-  while ((uint64_t{128} << r) < span) ++r;
-  for (uint64_t t = 0; t < n; t += span) {
-    float* const xt = x + t;
-    ChunkPass(xt, span, [&](uint64_t i) __attribute__((always_inline)) { return load(t + i); });
-    if (r > 0) RadixPassR(r, xt, span, 128, [xt](uint64_t i, __m512 v) { _mm512_storeu_ps(xt + i, v); });
-  }
-  return span;
 }
 
 // A pass's results stored back where they were read.
 struct InPlace {
   float* x;
-  HWY_INLINE void operator()(uint64_t i, __m512 v) const { _mm512_storeu_ps(x + i, v); }
+  HWY_INLINE void operator()(uint64_t i, RegV v) const { RegOps::Store(x + i, v); }
 };
 
-// Stages h = h0 .. top / 2 over x[0..n) (top a power of two, at most n), in passes of at most 4
-// stages, sized as evenly as possible; the last pass hands its results to last_store, the others
-// store in place. top = n: every stage after a first pass of span h0.
+// Stages h = h0 .. top / 2 over x[0..n) (top a power of two, at most n), in passes of at most
+// kMaxRadix stages, sized as evenly as possible; the last pass hands its results to last_store,
+// the others store in place. top = n: every stage after a first pass of span h0.
 template <class Store>
 HWY_INLINE void StagePasses(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, uint64_t top, const Store& last_store) {
   int rest = 0;
   while ((h0 << rest) < top) ++rest;
-  const int passes = (rest + 3) / 4;
+  const int passes = (rest + RegOps::kMaxRadix - 1) / RegOps::kMaxRadix;
   uint64_t h = h0;
   const InPlace in_place{x};
   for (int p = 0; p < passes; ++p) {
@@ -320,34 +442,52 @@ HWY_INLINE void StagePasses(float* HWY_RESTRICT x, uint64_t n, uint64_t h0, uint
   }
 }
 
+// Floats of the tiles of FirstPass: 8 KiB, a quarter of the L1 data cache of the machines measured.
+constexpr uint64_t kL1Tile = 2048;
+
+// Span of FirstPass (a power of two, kChunk .. kL1Tile): its stages h = 1 .. span / 2 stay
+// within tiles of that many floats; limit (>= kChunk): the most the caller lets it take.
+HWY_INLINE uint64_t FirstSpan(uint64_t limit) { return limit < kL1Tile ? limit : kL1Tile; }
+
+// Stages h = 1 .. span / 2 (span = FirstSpan(limit)), tile by tile: on each tile of span floats
+// the chunk pass, then the tile's remaining stages (one radix-16 pass on AVX-512, two on AVX2)
+// while it is still in L1. A block larger than L1 (2^14 floats: 64 KiB) then goes through L1
+// once for these stages instead of once per pass. Returns span.
+template <class Load>
+HWY_INLINE uint64_t FirstPass(float* HWY_RESTRICT x, uint64_t n, uint64_t limit, const Load& load) {
+  const uint64_t span = FirstSpan(limit);
+  for (uint64_t t = 0; t < n; t += span) {
+    float* const xt = x + t;
+    ChunkPass(xt, span, [&](uint64_t i) __attribute__((always_inline)) { return load(t + i); });
+    if (span > kChunk) StagePasses(xt, span, kChunk, span, InPlace{xt});
+  }
+  return span;
+}
+#endif
+
+#if THC_FWHT_REG
 // Sign bitmap of a block's RHT diagonal: bit i & 31 of word i >> 5 set where element i flips
-// (the order of apply_signs); room for max(n, 2048) / 32 words.
+// (the order of apply_signs); SignWords draws the words of 128 Lanes elements at once (2048 on
+// AVX-512, 1024 on AVX2), so room for max(n, that) / 32 words.
 HWY_INLINE const uint32_t* SignBitmap(const rng::Stream& shared, uint64_t blk, uint64_t n) {
   static thread_local std::vector<uint32_t> words;
-  const uint64_t need = (n < 2048 ? 2048 : n) / 32;
-  if (words.size() < need) words.resize(need);
   const hn::ScalableTag<uint32_t> du;
+  const uint64_t span = 128 * hn::Lanes(du);
+  const uint64_t need = (n < span ? span : n) / 32;
+  if (words.size() < need) words.resize(need);
   const PhiloxFamily fam = MakeFamily(shared, rng::kPurposeSigns, blk);
-  for (uint64_t base = 0; base < n; base += 2048) SignWords(du, fam, base, words.data() + base / 32);
+  for (uint64_t base = 0; base < n; base += span) SignWords(du, fam, base, words.data() + base / 32);
   return words.data();
 }
 
 // Loads of the first pass are lambdas called 8 times per chunk; they must not become calls.
 #define THC_RHT_LAMBDA_INLINE __attribute__((always_inline))
-
-// Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
-HWY_INLINE __m512 RoundedPs(__m512 v) {
-  asm("" : "+v"(v));
-  return v;
-}
-#else
-#define THC_FWHT_AVX512 0
 #endif
 
 void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
-#if THC_FWHT_AVX512
-  if (n >= 128) {
-    const uint64_t span = FirstPass(x, n, n, [x](uint64_t i) { return _mm512_loadu_ps(x + i); });
+#if THC_FWHT_REG
+  if (n >= kChunk) {
+    const uint64_t span = FirstPass(x, n, n, [x](uint64_t i) { return RegOps::Load(x + i); });
     StagePasses(x, n, span, n, InPlace{x});
     return;
   }
@@ -355,38 +495,37 @@ void FwhtImpl(float* HWY_RESTRICT x, uint64_t n) {
   FwhtGeneric(x, n);
 }
 
-#if THC_FWHT_AVX512
-// The first pass of the forward RHT (n >= 128): work = stages h = 1 .. span / 2 of D scale2(x, e),
+#if THC_FWHT_REG
+// The first pass of the forward RHT (n >= kChunk): work = stages h = 1 .. span / 2 of D scale2(x, e),
 // zero-padded from elems to n; returns span (FirstPass).
 // The first pass's input: x, or with add the sum x + add, which is also stored to staged (error
 // feedback's x = grad + e, computed as kern::add_pair does, bit for bit, so that the engine need
-// not stage it in a pass of its own). Whole(i): 16 floats of a whole block (the streams are
-// prefetched 4096 floats ahead); Part(i, elems): 16 floats of a partial one, zero past elems.
+// not stage it in a pass of its own). Whole(i): a register of a whole block (the streams are
+// prefetched 4096 floats ahead); Part(i, elems): a register of a partial one, zero past elems.
 template <bool kAdd>
 struct FirstInput {
   const float* x;
   const float* add;
   float* staged;
-  HWY_INLINE __m512 Whole(uint64_t i) const {
+  HWY_INLINE RegV Whole(uint64_t i) const {
     hwy::Prefetch(x + i + 4096);
     if constexpr (!kAdd) {
-      return _mm512_loadu_ps(x + i);
+      return RegOps::Load(x + i);
     } else {
       hwy::Prefetch(add + i + 4096);
-      const __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(add + i));
-      _mm512_storeu_ps(staged + i, s);
+      const RegV s = RegOps::Add(RegOps::Load(x + i), RegOps::Load(add + i));
+      RegOps::Store(staged + i, s);
       return s;
     }
   }
-  HWY_INLINE __m512 Part(uint64_t i, uint64_t elems) const {
-    if (i >= elems) return _mm512_setzero_ps();
-    const __mmask16 k = i + 16 <= elems ? static_cast<__mmask16>(0xFFFF)
-                                        : static_cast<__mmask16>((1u << (elems - i)) - 1u);
+  HWY_INLINE RegV Part(uint64_t i, uint64_t elems) const {
+    if (i >= elems) return RegOps::Zero();
+    const uint64_t k = elems - i;  // lanes to read (all of them from kLanes on)
     if constexpr (!kAdd) {
-      return _mm512_maskz_loadu_ps(k, x + i);
+      return RegOps::LoadN(x + i, k);
     } else {
-      const __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, add + i));
-      _mm512_mask_storeu_ps(staged + i, k, s);
+      const RegV s = RegOps::Add(RegOps::LoadN(x + i, k), RegOps::LoadN(add + i, k));
+      RegOps::StoreN(staged + i, k, s);
       return s;
     }
   }
@@ -395,26 +534,22 @@ struct FirstInput {
 template <bool kAdd>
 HWY_INLINE uint64_t ForwardFirstPass(const FirstInput<kAdd>& in, uint64_t elems, uint64_t n, uint64_t limit, int e,
                                      const rng::Stream& shared, uint64_t blk, float* HWY_RESTRICT work) {
-  const uint16_t* masks = reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n));
+  const RegOps::Flipper flip(SignBitmap(shared, blk, n));
   const int h = e / 2;
-  const __m512 p1 = _mm512_set1_ps(elem::pow2f(h)), p2 = _mm512_set1_ps(elem::pow2f(e - h));
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  auto flip = [&](uint64_t i, __m512 v) THC_RHT_LAMBDA_INLINE {
-    return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
-  };
+  const RegV p1 = RegOps::Set1(elem::pow2f(h)), p2 = RegOps::Set1(elem::pow2f(e - h));
   if (elems == n && e >= -1 && e <= 126) {
     // A whole block scaled by 2^e with e in [-1, 126]: one product, the same as scale2's two.
     // Up (e >= 0) both are exact or overflow alike; e = -1 is a single product in scale2 too.
-    const __m512 p = _mm512_set1_ps(elem::pow2f(e));
+    const RegV p = RegOps::Set1(elem::pow2f(e));
     return FirstPass(work, n, limit,
-                     [&](uint64_t i) THC_RHT_LAMBDA_INLINE { return flip(i, _mm512_mul_ps(in.Whole(i), p)); });
+                     [&](uint64_t i) THC_RHT_LAMBDA_INLINE { return flip(i, RegOps::Mul(in.Whole(i), p)); });
   } else if (elems == n) {
     return FirstPass(work, n, limit, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-      return flip(i, _mm512_mul_ps(_mm512_mul_ps(in.Whole(i), p1), p2));
+      return flip(i, RegOps::Mul(RegOps::Mul(in.Whole(i), p1), p2));
     });
   } else {
     return FirstPass(work, n, limit, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
-      return flip(i, _mm512_mul_ps(_mm512_mul_ps(in.Part(i, elems), p1), p2));  // scale2, then the sign flip (exact)
+      return flip(i, RegOps::Mul(RegOps::Mul(in.Part(i, elems), p1), p2));  // scale2, then the sign flip (exact)
     });
   }
 }
@@ -429,8 +564,8 @@ HWY_INLINE void MiddlePasses(float* HWY_RESTRICT work, uint64_t n, uint64_t h0) 
 // work = H D scale2(x, e) (zero-padded from elems to n): prescale_signs + fwht.
 void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, int e, const rng::Stream& shared,
                        uint64_t blk, float* HWY_RESTRICT work) {
-#if THC_FWHT_AVX512
-  if (n >= 128) {
+#if THC_FWHT_REG
+  if (n >= kChunk) {
     const uint64_t span = ForwardFirstPass(FirstInput<false>{x, nullptr, nullptr}, elems, n, n, e, shared, blk, work);
     StagePasses(work, n, span, n, InPlace{work});
     return;
@@ -497,38 +632,46 @@ void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT a
     return;
   }
 #endif
-  if (add) {  // staged first (no fused first pass on this target or table)
-    kern::add_pair(x, add, elems, staged);
-    x = staged;
+#if THC_FWHT_REG
+  if (n >= kChunk) {  // the rotation in register passes, g + e summed in its first pass
+    const uint64_t span = add ? ForwardFirstPass(FirstInput<true>{x, add, staged}, elems, n, n, e, shared, blk, work)
+                              : ForwardFirstPass(FirstInput<false>{x, nullptr, nullptr}, elems, n, n, e, shared, blk,
+                                                 work);
+    StagePasses(work, n, span, n, InPlace{work});
+  } else
+#endif
+  {
+    if (add) {  // staged first (no fused first pass on this target)
+      kern::add_pair(x, add, elems, staged);
+      x = staged;
+    }
+    RotateForwardImpl(x, elems, n, e, shared, blk, work);
   }
-  RotateForwardImpl(x, elems, n, e, shared, blk, work);
   kern::thc_quantize(work, n, enc, tb, own, blk, idx, val, prefetch);
   if (packed4) kern::pack_bits_simd(idx, n, 4, packed4);
 }
 
 // The final stores of the inverse RHT: out[i] = scale2(D v, e) for i < m, or sub[i] - that.
-#if THC_FWHT_AVX512
+#if THC_FWHT_REG
 struct InverseStore {
-  const uint16_t* masks;
-  __m512 p1, p2, sign;
+  RegOps::Flipper flip;
+  RegV p1, p2;
   uint64_t m;
   const float* sub;
   float* out;
   // D v scaled by 2^e: the sign flip (exact), then scale2's two products.
-  HWY_INLINE __m512 Final(uint64_t i, __m512 v) const {
-    v = _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
-    return RoundedPs(_mm512_mul_ps(_mm512_mul_ps(v, p1), p2));
+  HWY_INLINE RegV Final(uint64_t i, RegV v) const {
+    return RegOps::Rounded(RegOps::Mul(RegOps::Mul(flip(i, v), p1), p2));
   }
-  HWY_INLINE void operator()(uint64_t i, __m512 v) const {
+  HWY_INLINE void operator()(uint64_t i, RegV v) const {
     if (i >= m) return;
     v = Final(i, v);
-    if (i + 16 <= m) {
-      if (sub) v = _mm512_sub_ps(_mm512_loadu_ps(sub + i), v);
-      _mm512_storeu_ps(out + i, v);
+    if (i + RegOps::kLanes <= m) {
+      if (sub) v = RegOps::Sub(RegOps::Load(sub + i), v);
+      RegOps::Store(out + i, v);
     } else {
-      const __mmask16 k = static_cast<__mmask16>((1u << (m - i)) - 1u);
-      if (sub) v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, sub + i), v);
-      _mm512_mask_storeu_ps(out + i, k, v);
+      if (sub) v = RegOps::Sub(RegOps::LoadN(sub + i, m - i), v);
+      RegOps::StoreN(out + i, m - i, v);
     }
   }
 };
@@ -536,14 +679,12 @@ struct InverseStore {
 HWY_INLINE InverseStore MakeInverseStore(const rng::Stream& shared, uint64_t blk, uint64_t n, uint64_t m, int e,
                                          const float* sub, float* out) {
   const int h = e / 2;
-  return InverseStore{reinterpret_cast<const uint16_t*>(SignBitmap(shared, blk, n)),
-                      _mm512_set1_ps(elem::pow2f(h)),
-                      _mm512_set1_ps(elem::pow2f(e - h)),
-                      _mm512_set1_ps(-0.0f),
-                      m,
-                      sub,
-                      out};
+  return InverseStore{RegOps::Flipper(SignBitmap(shared, blk, n)), RegOps::Set1(elem::pow2f(h)),
+                      RegOps::Set1(elem::pow2f(e - h)), m, sub, out};
 }
+#endif
+
+#if THC_FWHT_AVX512
 
 // The last three stages (h0 = n / 8 .. n / 2) of a whole block whose result goes to out with
 // non-temporal stores of whole 64-byte lines, whatever out's alignment: each of the 8 rows of
@@ -601,10 +742,10 @@ HWY_INLINE void StreamLastPass(float* HWY_RESTRICT x, uint64_t n, const InverseS
 // out[i] = scale2(D (H work)[i], e) for i < m, or sub[i] - that: fwht + signs_postscale.
 void RotateInverseImpl(float* HWY_RESTRICT work, uint64_t n, uint64_t m, int e, const rng::Stream& shared,
                        uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out) {
-#if THC_FWHT_AVX512
-  if (n >= 256) {
+#if THC_FWHT_REG
+  if (n >= 2 * kChunk) {
     // limit n / 2: at least one later pass, which writes out.
-    const uint64_t span = FirstPass(work, n, n / 2, [work](uint64_t i) { return _mm512_loadu_ps(work + i); });
+    const uint64_t span = FirstPass(work, n, n / 2, [work](uint64_t i) { return RegOps::Load(work + i); });
     StagePasses(work, n, span, n, MakeInverseStore(shared, blk, n, m, e, sub, out));
     return;
   }
@@ -613,25 +754,7 @@ void RotateInverseImpl(float* HWY_RESTRICT work, uint64_t n, uint64_t m, int e, 
   kern::signs_postscale(work, m, e, shared, blk, sub, out);
 }
 
-#if THC_FWHT_AVX512
-// 16 sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
-template <typename T>
-HWY_INLINE __m512 SumsAsFloat(const T* HWY_RESTRICT p) {
-  if constexpr (std::is_same<T, uint8_t>::value) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  } else if constexpr (std::is_same<T, int8_t>::value) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  } else if constexpr (std::is_same<T, uint16_t>::value) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-  } else if constexpr (std::is_same<T, int16_t>::value) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-  } else if constexpr (std::is_same<T, int32_t>::value) {
-    return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
-  } else {
-    return _mm512_cvtepu32_ps(_mm512_loadu_si512(p));  // correctly rounded, as static_cast
-  }
-}
-
+#if THC_FWHT_REG
 // The decode's first pass prefetches the sums this many bytes ahead (into the next block's at the
 // end of one): the hardware prefetchers alone left the 64 MB THC decode about 6 % slower on the
 // AVX-512 VM (2^14 blocks of u8 sums; 1024 bytes ahead gained less).
@@ -641,16 +764,17 @@ template <typename T>
 void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half, float step, float f, int e,
                      const rng::Stream& shared, uint64_t blk, const float* HWY_RESTRICT sub, float* HWY_RESTRICT out,
                      float* HWY_RESTRICT work, bool stream) {
-  const __m512 vh = _mm512_set1_ps(half), vs = _mm512_set1_ps(step), vf = _mm512_set1_ps(f);
+  const RegV vh = RegOps::Set1(half), vs = RegOps::Set1(step), vf = RegOps::Set1(f);
   // thc_dequant in the first pass's loads: (float(s) - half) * step * f, no product followed by
   // an add, so nothing for the compiler to contract.
   // limit: a last pass of three stages for the streamed form (n >= 1024), and at least one
   // later pass (which writes out) for any n.
   const uint64_t span = FirstPass(work, n, n >= 1024 ? n / 8 : n / 2, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
     if ((i * sizeof(T)) % 64 == 0) hwy::Prefetch(s + i + kSumsPrefetchBytes / sizeof(T));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(SumsAsFloat(s + i), vh), vs), vf);
+    return RegOps::Mul(RegOps::Mul(RegOps::Sub(RegOps::SumsAsFloat(s + i), vh), vs), vf);
   });
   const InverseStore st = MakeInverseStore(shared, blk, n, m, e, sub, out);
+#if THC_FWHT_AVX512
   if (stream && m == n && !sub && n >= 1024) {
     // Stages up to h = n / 16 in place, the last three streamed out.
     MiddlePasses(work, n, span);
@@ -658,6 +782,9 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
     _mm_sfence();  // the streamed lines are ordered before anything this thread stores next
     return;
   }
+#else
+  (void)stream;
+#endif
   StagePasses(work, n, span, n, st);
 }
 #endif
@@ -666,8 +793,8 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
 void ThcDecodeBlockImpl(IntType t, const void* sums, uint64_t off, uint64_t n, uint64_t m, float half, float step,
                         float f, int e, const rng::Stream& shared, uint64_t blk, const float* HWY_RESTRICT sub,
                         float* HWY_RESTRICT out, float* HWY_RESTRICT work, bool stream) {
-#if THC_FWHT_AVX512
-  if (n >= 256) {
+#if THC_FWHT_REG
+  if (n >= 2 * kChunk) {
     switch (t) {
       case IntType::kU8:
         return ThcDecodeBlockT(static_cast<const uint8_t*>(sums) + off, n, m, half, step, f, e, shared, blk, sub, out,
