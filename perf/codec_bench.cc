@@ -23,7 +23,6 @@
 // The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
 // encode (or decode) spread over `threads` threads block by block; memcpy stays on one core.
 #include <benchmark/benchmark.h>
-#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>
@@ -534,21 +533,6 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--nmse") == 0) return run_nmse();
     if (std::strcmp(argv[i], "--cpu-time") == 0) {
       g_cpu_time = true;
-      continue;
-    }
-    if (std::strncmp(argv[i], "--target=", 9) == 0) {
-      // Runs the codec as on a CPU whose best SIMD target is the one named (AVX3_SPR, AVX3, AVX2,
-      // SSE4, ...; this CPU must support it): what a host without AVX-512 gets.
-      int64_t pick = 0;
-      for (int64_t t : hwy::SupportedAndGeneratedTargets())
-        if (std::strcmp(hwy::TargetName(t), argv[i] + 9) == 0) pick = t;
-      if (pick == 0) {
-        std::fprintf(stderr, "codec_bench: target %s is not one this CPU supports and the library was built for:", argv[i] + 9);
-        for (int64_t t : hwy::SupportedAndGeneratedTargets()) std::fprintf(stderr, " %s", hwy::TargetName(t));
-        std::fprintf(stderr, "\n");
-        return 2;
-      }
-      hwy::SetSupportedTargetsForTest(pick);
       continue;
     }
     argv[kept++] = argv[i];

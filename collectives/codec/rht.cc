@@ -28,8 +28,13 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#include <strings.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -936,6 +941,31 @@ void rht_inverse(float* x, uint64_t n, const rng::Stream& shared, uint64_t block
 }
 
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+namespace {
+// THC_SIMD=NAME (a Highway target: AVX3_SPR, AVX3_ZEN4, AVX3_DL, AVX3, AVX2, SSE4, SSSE3,
+// EMU128, SCALAR; any case): every SIMD kernel of the process runs as on a CPU whose best target
+// is NAME (the targets better than it are disabled in Highway's dispatch). For CPUs that slow
+// down under 512-bit vectors, and to measure what a CPU without AVX-512 gets. Read once, when
+// the library is loaded; a name this build or CPU lacks is reported on stderr and ignored. (A
+// program that calls Highway's hwy::SupportedTargets() itself afterwards undoes it: Highway 1.0
+// chooses again among every target there; thc never calls it.)
+[[maybe_unused]] const bool simd_capped = [] {
+  const char* want = std::getenv("THC_SIMD");
+  if (!want || !*want) return false;
+  std::string names;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (strcasecmp(hwy::TargetName(t), want) == 0) {
+      hwy::DisableTargets(t - 1);  // better targets have lower bits
+      return true;
+    }
+    names += std::string(names.empty() ? "" : " ") + hwy::TargetName(t);
+  }
+  std::fprintf(stderr, "thc: THC_SIMD=%s names no SIMD target that this build and CPU have (%s); using %s\n", want,
+               names.c_str(), simd_target());
+  return false;
+}();
+}  // namespace
 
 }  // namespace thc::codec
 #endif
