@@ -13,6 +13,10 @@
 //    residual (kern::rotate_inverse, kern::thc_decode_block, whose large results leave as
 //    non-temporal stores), or THC's rounding and 4-bit packing (kern::thc_encode_block), which
 //    then needs no store of the rotated block and no second pass over it.
+//  * AVX2, n >= 64: the same passes on ymm registers (RegOps): stages h = 1, 2, 4 inside a
+//    register, h = 8..32 across 8 registers (a 64-float chunk), later passes of at most 3 stages
+//    (radix 8: 16 ymm registers), the same fused prologues and epilogues except THC's rounding
+//    (a pass of its own, kern::thc_quantize) and the non-temporal stores.
 //  * other targets: stages h = 1 and 2 inside 128-bit vectors with lane shuffles; stages with
 //    4 <= h < 2^12 on L1-sized tiles (2^13 floats), so a tile stays in cache while all its
 //    small stages run; the remaining large stages fused two at a time (radix 4).
