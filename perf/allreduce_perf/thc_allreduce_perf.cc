@@ -80,6 +80,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/codec/rht.h"
 #include "collectives/engine/dtype.h"
 #include "thc/thc_mpi.h"
 #if defined(THC_PERF_CUDA)
@@ -589,8 +590,8 @@ int main(int argc, char** argv) {
       else
         std::printf(" nat_width: %d nat_levels: %d%s bidir: %d", cfg.nat_width, cfg.nat_levels,
                     scheme == THC_SCHEME_DNAT ? (cfg.dnat_norm == 0 ? " norm: inf" : " norm: 2") : "", cfg.bidir);
-      std::printf(" block: %ld ef: %d%s%s", cfg.block, o.ef ? 1 : 0,
-                  o.aggregator.empty() ? "" : " aggregator: ", o.aggregator.c_str());
+      std::printf(" block: %ld ef: %d%s%s simd: %s", cfg.block, o.ef ? 1 : 0,
+                  o.aggregator.empty() ? "" : " aggregator: ", o.aggregator.c_str(), thc::codec::simd_target());
     }
     std::printf(" buffers: %s", o.device ? "device" : "host");
     std::printf(" nmse bound: %g\n", bound);
