@@ -189,18 +189,45 @@ void FwhtGeneric(float* HWY_RESTRICT x, uint64_t n) {
   if (h < n) Stage(d, x, n, h);
 }
 
+#if HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2
+// ---------------------------------------------------------------------------------------------
+// FWHT in register passes (see the top of the file): the vector type (this target's full
+// vector, raw) and its few operations; RegOps below adds what differs between the widths.
+struct RegArith {
+  using D = hn::ScalableTag<float>;
+  using V = decltype(hn::Zero(D()).raw);
+  static HWY_INLINE hn::Vec<D> W(V v) { return hn::Vec<D>{v}; }
+  static HWY_INLINE V Load(const float* p) { return hn::LoadU(D(), p).raw; }
+  static HWY_INLINE void Store(float* p, V v) { hn::StoreU(W(v), D(), p); }
+  static HWY_INLINE V One() { return hn::Set(D(), 1.0f).raw; }
+  static HWY_INLINE V Add(V a, V b) { return hn::Add(W(a), W(b)).raw; }
+  // a - b as -(b * 1) + a: one rounding, like a - b, on the multiply-add units (CrossStages).
+  static HWY_INLINE V SubByFma(V a, V b, V one) { return hn::NegMulAdd(W(b), W(one), W(a)).raw; }
+  static HWY_INLINE V Zero() { return hn::Zero(D()).raw; }
+  static HWY_INLINE V Set1(float f) { return hn::Set(D(), f).raw; }
+  static HWY_INLINE V Mul(V a, V b) { return hn::Mul(W(a), W(b)).raw; }
+  static HWY_INLINE V Sub(V a, V b) { return hn::Sub(W(a), W(b)).raw; }
+  // Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
+  static HWY_INLINE V Rounded(V v) {
+    if constexpr (sizeof(V) == 64) {
+      asm("" : "+v"(v));
+    } else {
+      asm("" : "+x"(v));
+    }
+    return v;
+  }
+};
+#endif
+
 #if HWY_TARGET <= HWY_AVX3
 #define THC_FWHT_AVX512 1
 #define THC_FWHT_REG 1
-// ---------------------------------------------------------------------------------------------
-// FWHT in register passes (see the top of the file): the vector type and its few operations.
 // AVX-512: 16 floats per zmm, stages h = 1, 2, 4, 8 inside a register, radix up to 16 (32 zmm).
 //
 // Stages inside one register: v * (+-1) + (v with lanes j, j ^ h swapped) gives x[j] + x[j+h]
 // in the low lane of each pair and x[j-h] - x[j] in the high one; the product by +-1 is exact,
 // so the multiply-add rounds once, exactly like the scalar a + b and a - b.
-struct RegOps {
-  using V = __m512;
+struct RegOps : RegArith {
   static constexpr uint64_t kLanes = 16;
   static constexpr int kMaxRadix = 4;
   struct Signs {
@@ -221,20 +248,6 @@ struct RegOps {
     v = _mm512_fmadd_ps(v, c.s2, _mm512_permute_ps(v, 0x4E));             // h = 2: lanes [2,3,0,1]
     v = _mm512_fmadd_ps(v, c.s4, _mm512_shuffle_f32x4(v, v, 0xB1));       // h = 4: blocks [1,0,3,2]
     return _mm512_fmadd_ps(v, c.s8, _mm512_shuffle_f32x4(v, v, 0x4E));    // h = 8: blocks [2,3,0,1]
-  }
-  static HWY_INLINE V Load(const float* p) { return _mm512_loadu_ps(p); }
-  static HWY_INLINE void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static HWY_INLINE V One() { return _mm512_set1_ps(1.0f); }
-  static HWY_INLINE V Add(V a, V b) { return _mm512_add_ps(a, b); }
-  static HWY_INLINE V SubByFma(V a, V b, V one) { return _mm512_fnmadd_ps(b, one, a); }
-  static HWY_INLINE V Zero() { return _mm512_setzero_ps(); }
-  static HWY_INLINE V Set1(float f) { return _mm512_set1_ps(f); }
-  static HWY_INLINE V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static HWY_INLINE V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  // Keeps a product from being contracted with a following add into an FMA (see codec_simd.cc).
-  static HWY_INLINE V Rounded(V v) {
-    asm("" : "+v"(v));
-    return v;
   }
   static HWY_INLINE __mmask16 FirstLanes(uint64_t k) {
     return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
@@ -275,8 +288,7 @@ struct RegOps {
 #define THC_FWHT_REG 1
 // AVX2: 8 floats per ymm, stages h = 1, 2, 4 inside a register, radix up to 8 (16 ymm: a radix-16
 // pass would spill). The same butterflies, so the same bits, as every other target.
-struct RegOps {
-  using V = __m256;
+struct RegOps : RegArith {
   static constexpr uint64_t kLanes = 8;
   static constexpr int kMaxRadix = 3;
   struct Signs {
@@ -295,19 +307,6 @@ struct RegOps {
     v = _mm256_fmadd_ps(v, c.s1, _mm256_permute_ps(v, 0xB1));            // h = 1: lanes [1,0,3,2]
     v = _mm256_fmadd_ps(v, c.s2, _mm256_permute_ps(v, 0x4E));            // h = 2: lanes [2,3,0,1]
     return _mm256_fmadd_ps(v, c.s4, _mm256_permute2f128_ps(v, v, 0x01));  // h = 4: halves swapped
-  }
-  static HWY_INLINE V Load(const float* p) { return _mm256_loadu_ps(p); }
-  static HWY_INLINE void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static HWY_INLINE V One() { return _mm256_set1_ps(1.0f); }
-  static HWY_INLINE V Add(V a, V b) { return _mm256_add_ps(a, b); }
-  static HWY_INLINE V SubByFma(V a, V b, V one) { return _mm256_fnmadd_ps(b, one, a); }
-  static HWY_INLINE V Zero() { return _mm256_setzero_ps(); }
-  static HWY_INLINE V Set1(float f) { return _mm256_set1_ps(f); }
-  static HWY_INLINE V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static HWY_INLINE V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
-  static HWY_INLINE V Rounded(V v) {
-    asm("" : "+x"(v));
-    return v;
   }
   static HWY_INLINE __m256i FirstLanes(uint64_t k) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k < 8 ? k : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
