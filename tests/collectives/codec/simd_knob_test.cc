@@ -25,8 +25,11 @@ TEST(SimdKnob, CapsTheTargetAtTheNamedOne) {
   // First: Highway 1.0's SupportedTargets() (called below) chooses again among all targets.
   const std::string got = simd_target();
   bool cpu_has = false;
-  for (int64_t t = 1; t != 0 && t <= hwy::SupportedTargets(); t <<= 1)
-    if ((hwy::SupportedTargets() & t) && strcasecmp(hwy::TargetName(t), want) == 0) cpu_has = true;
+  const int64_t supported = hwy::SupportedTargets();
+  for (int b = 0; b < 63; ++b) {
+    const int64_t t = int64_t{1} << b;
+    if ((supported & t) && strcasecmp(hwy::TargetName(t), want) == 0) cpu_has = true;
+  }
   if (!cpu_has) {
     // An unknown name (or one this CPU lacks) leaves the dispatch alone: the best target.
     EXPECT_EQ(got, best_enabled());
