@@ -112,9 +112,10 @@ typedef struct thc_config {
   char collnet_aggregator[512]; /* THC_COLLNET_AGGREGATOR: NCCL plugin: aggregator address(es); "" = no CollNet */
   int collnet_scheme;    /* THC_COLLNET_SCHEME: NCCL plugin: thc_scheme_t of CollNet allreduces */
   int threads;           /* THC_THREADS: host codec threads per rank (1 = the calling thread only) */
-  int hier;              /* THC_HIER: hierarchical allreduce on MPI communicators: -1 auto, 0 off, 1 on */
-  char hier_hosts[256];  /* THC_HIER_HOSTS: test aid: emulated hosts ("2,2": MPI_COMM_WORLD ranks 0-1 on
-                          * one host, 2-3 on another) instead of the real ones; "" = the real split */
+  int hier;              /* THC_HIER: hierarchical allreduce on MPI and UCX communicators: -1 auto, 0 off, 1 on */
+  char hier_hosts[256];  /* THC_HIER_HOSTS: test aid: emulated hosts ("2,2": MPI_COMM_WORLD ranks, or a
+                          * UCX group's, 0-1 on one host, 2-3 on another) instead of the real ones;
+                          * "" = the real split */
   long hier_arena_bytes; /* THC_HIER_ARENA_BYTES: shared memory per host for THC_HIER's intra-host stage
                           * (larger calls stream through it in rounds) */
   long fusion_bytes;     /* THC_FUSION_BYTES: nonblocking allreduces started back to back are fused into one
@@ -153,8 +154,10 @@ thc_status_t thc_comm_create_aggregator(const char* urls, int rank, int size, ui
  * rank, a size and an address (torchrun's) needs. rendezvous "HOST:PORT" (or "tcp://HOST:PORT"):
  * rank 0 listens there for the other ranks during creation only (unauthenticated, like a
  * TCPStore; closed once the group is up). Collective over the `size` ranks; every rank waits
- * for the others up to cfg.timeout_ms (THC_TIMEOUT_MS). THC_ERR_UNSUPPORTED in a build
- * without UCX. */
+ * for the others up to cfg.timeout_ms (THC_TIMEOUT_MS). With several ranks on some host and
+ * more than one host, calls run hierarchically (THC_HIER, as on MPI communicators: the host's
+ * ranks reduce over shared memory, one slice each crosses hosts compressed). THC_ERR_UNSUPPORTED
+ * in a build without UCX. */
 thc_status_t thc_comm_create_ucx(const char* rendezvous, int rank, int size, const thc_config_t* cfg,
                                  thc_comm_t* comm);
 thc_status_t thc_comm_destroy(thc_comm_t comm);
@@ -193,7 +196,7 @@ typedef struct thc_stats {
   int measured_wire;         /* 1: the wire bytes are counted datagrams (aggregator communicators) */
   uint64_t packets;          /* aggregator communicators: data packets sent (first transmissions) */
   uint64_t retransmissions;  /* aggregator communicators: data packets sent again */
-  int hier_hosts;            /* hierarchical MPI communicators (THC_HIER): the hosts the compressed
+  int hier_hosts;            /* hierarchical MPI and UCX communicators (THC_HIER): the hosts the compressed
                               * stage spans; the wire bytes are this rank's share of that stage (what
                               * crosses hosts), elements and float_bytes the whole calls'. 0: flat */
   uint64_t groups;           /* calls that ran several tensors as one stream (thc_allreduce_group,
@@ -243,8 +246,8 @@ thc_status_t thc_comm_stats(thc_comm_t comm, thc_stats_t* stats);
  * - Device buffers (CUDA) work in every call here as in thc_allreduce (writes to sendbuf on other
  *   streams must be complete before the start call): the device codec encodes and decodes them,
  *   only codes and sums pass through host memory. A group may mix host and device tensors (each
- *   tensor's sendbuf and recvbuf on one side). On a hierarchical MPI communicator (THC_HIER) a
- *   call with device buffers on any rank runs flat on every rank.
+ *   tensor's sendbuf and recvbuf on one side). On a hierarchical MPI or UCX communicator (THC_HIER)
+ *   a call with device buffers on any rank runs flat on every rank.
  */
 typedef struct thc_request_s* thc_request_t;
 #define THC_REQUEST_NULL ((thc_request_t)0)
@@ -277,8 +280,8 @@ thc_status_t thc_request_free(thc_request_t* request);
  * whole blocks of its own (statistics, rotation and error feedback per tensor, in `state`), so
  * every tensor's result is bit-identical to a thc_allreduce_scheme of it alone in the same place
  * in the sequence of calls (THC_BIDIR aside); a group counts as one call per tensor with
- * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI
- * communicator (THC_HIER) a group is one hierarchical call (one compressed stream per slice, the
+ * elements. Tensors may differ in dtype; scheme and op are the group's. On a hierarchical MPI or
+ * UCX communicator (THC_HIER) a group is one hierarchical call (one compressed stream per slice, the
  * same bits; with device buffers on any rank: one stream, flat). A tensor's sendbuf NULL or
  * THC_IN_PLACE works in place. The array may be freed once the start call returns; the buffers
  * belong to the call until it completes. Count 0 tensors are allowed (nothing of them travels). Ranks must pass the same
@@ -316,8 +319,8 @@ thc_status_t thc_iallreduce_group(thc_scheme_t scheme, const thc_tensor_t* tenso
  * decoded value too, so all ranks hold the same parameters). Same error bound per shard as one
  * worker's contribution to an allreduce (no averaging over workers). state: error feedback of
  * this rank's shard (bound to recvcounts[rank]). sendbuf THC_IN_PLACE (or NULL): the own shard is
- * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI
- * communicator (THC_HIER) both run hierarchically on host buffers: the shards are summed (reduce-
+ * read from its place in recvbuf. Counts as one call per non-empty shard. On a hierarchical MPI or
+ * UCX communicator (THC_HIER) both run hierarchically on host buffers: the shards are summed (reduce-
  * scatter) or gathered (allgather) over each host's shared memory, and the compressed stage across
  * the hosts is itself a reduce-scatter (each host receives the sums of its own ranks' shards) or
  * an allgather (each shard encoded once, on its rank's host); the results are those of the

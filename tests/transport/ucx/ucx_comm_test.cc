@@ -10,16 +10,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "collectives/engine/plan_rules.h"
 #include "thc/thc.h"
 
 namespace {
@@ -247,6 +251,99 @@ TEST(UcxComm, StrangersAtTheRendezvousAreIgnored) {
   for (int r = 0; r < 3; ++r) ASSERT_EQ(res[static_cast<size_t>(r)].create, THC_SUCCESS) << res[static_cast<size_t>(r)].error;
   EXPECT_EQ(out[0], out[1]);
   EXPECT_EQ(out[0], out[2]);
+}
+
+// THC_HIER over UCX, hosts emulated (THC_HIER_HOSTS=2,2: ranks 0-1 and 2-3): every rank's result
+// is, slice by slice, the compressed allreduce across the two hosts of the hosts' float sums
+// (local rank l of each host compresses slice l, blocks [nb l / 2, nb (l + 1) / 2), with THC_SEED
+// mixed with l for l > 0), bit for bit what two in-process ranks give on those sums.
+TEST(UcxHier, EachSliceIsTheHostSumsCompressedAcrossHosts) {
+  const size_t count = 5 * 1024 + 37;  // 6 blocks of 1024: slices of 3 blocks, the last partial
+  std::vector<std::vector<float>> x(4);
+  for (int r = 0; r < 4; ++r) x[static_cast<size_t>(r)] = gaussian(count, static_cast<uint32_t>(70 + r));
+  for (const int algo : {THC_ALGO_PS, THC_ALGO_INT}) {
+    for (const bool nat : {false, true}) {
+      thc_config_t cfg = config(algo);
+      cfg.hier = 1;
+      std::snprintf(cfg.hier_hosts, sizeof cfg.hier_hosts, "2,2");
+      std::vector<std::vector<float>> y(4, std::vector<float>(count, -1.0f));
+      std::vector<int> hosts(4, -1);
+      const std::string rv = rendezvous();
+      auto res = run(4, [&](int r, thc_comm_t* c) { return thc_comm_create_ucx(rv.c_str(), r, 4, &cfg, c); },
+                     [&](int r, thc_comm_t c) {
+                       const size_t i = static_cast<size_t>(r);
+                       EXPECT_EQ(nat ? cnat_allreduce(x[i].data(), y[i].data(), count, THC_FLOAT32, THC_OP_SUM, c, nullptr)
+                                     : thc_allreduce(x[i].data(), y[i].data(), count, THC_FLOAT32, THC_OP_SUM, c, nullptr),
+                                 THC_SUCCESS)
+                           << thc_last_error();
+                       thc_stats_t st;
+                       EXPECT_EQ(thc_comm_stats(c, &st), THC_SUCCESS);
+                       hosts[i] = st.hier_hosts;
+                     });
+      for (int r = 0; r < 4; ++r) {
+        ASSERT_EQ(res[static_cast<size_t>(r)].create, THC_SUCCESS) << res[static_cast<size_t>(r)].error;
+        EXPECT_EQ(hosts[static_cast<size_t>(r)], 2) << "rank " << r << ": not hierarchical";
+      }
+      // The reference: the hosts' sums, each slice through two in-process ranks.
+      std::vector<std::vector<float>> h(2, std::vector<float>(count));
+      for (size_t k = 0; k < count; ++k) {
+        h[0][k] = x[0][k] + x[1][k];
+        h[1][k] = x[2][k] + x[3][k];
+      }
+      const uint64_t nb = (count + 1023) / 1024;
+      for (uint64_t l = 0; l < 2; ++l) {
+        const size_t f = static_cast<size_t>(std::min<uint64_t>(count, nb * l / 2 * 1024));
+        const size_t e = static_cast<size_t>(std::min<uint64_t>(count, nb * (l + 1) / 2 * 1024));
+        thc_config_t rc = config(algo);
+        if (l > 0) rc.seed = thc::engine::digest_mix(rc.seed, l) | 1;
+        std::vector<std::vector<float>> ref(2, std::vector<float>(e - f));
+        thc_inproc_group_t g;
+        ASSERT_EQ(thc_inproc_group_create(2, &g), THC_SUCCESS);
+        run(2, [&](int r, thc_comm_t* c) { return thc_comm_create_inproc(g, r, &rc, c); },
+            [&](int r, thc_comm_t c) {
+              const size_t i = static_cast<size_t>(r);
+              EXPECT_EQ(nat ? cnat_allreduce(h[i].data() + f, ref[i].data(), e - f, THC_FLOAT32, THC_OP_SUM, c, nullptr)
+                            : thc_allreduce(h[i].data() + f, ref[i].data(), e - f, THC_FLOAT32, THC_OP_SUM, c, nullptr),
+                        THC_SUCCESS)
+                  << thc_last_error();
+            });
+        thc_inproc_group_destroy(g);
+        for (int r = 0; r < 4; ++r)
+          EXPECT_EQ(std::memcmp(y[static_cast<size_t>(r)].data() + f, ref[0].data(), (e - f) * 4), 0)
+              << "algo " << algo << (nat ? " cnat" : " thc") << " slice " << l << " rank " << r;
+      }
+    }
+  }
+}
+
+// NaN on one rank fails the hierarchical call on every rank, naming that rank; the communicator
+// goes on (nothing was exchanged but the first MAX).
+TEST(UcxHier, NonFiniteInputFailsEveryRankAndTheNextCallWorks) {
+  const size_t count = 4096;
+  thc_config_t cfg = config(THC_ALGO_PS);
+  cfg.hier = 1;
+  std::snprintf(cfg.hier_hosts, sizeof cfg.hier_hosts, "2,2");
+  std::vector<thc_status_t> first(4), second(4);
+  std::vector<std::string> why(4);
+  const std::string rv = rendezvous();
+  auto res = run(4, [&](int r, thc_comm_t* c) { return thc_comm_create_ucx(rv.c_str(), r, 4, &cfg, c); },
+                 [&](int r, thc_comm_t c) {
+                   const size_t i = static_cast<size_t>(r);
+                   auto x = gaussian(count, static_cast<uint32_t>(r));
+                   std::vector<float> y(count);
+                   if (r == 2) x[77] = std::numeric_limits<float>::quiet_NaN();
+                   first[i] = thc_allreduce(x.data(), y.data(), count, THC_FLOAT32, THC_OP_SUM, c, nullptr);
+                   why[i] = thc_last_error();
+                   x[77] = 0.0f;
+                   second[i] = thc_allreduce(x.data(), y.data(), count, THC_FLOAT32, THC_OP_SUM, c, nullptr);
+                 });
+  for (int r = 0; r < 4; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    ASSERT_EQ(res[i].create, THC_SUCCESS) << res[i].error;
+    EXPECT_EQ(first[i], THC_ERR_NONFINITE) << why[i];
+    EXPECT_NE(why[i].find("rank 2"), std::string::npos) << why[i];
+    EXPECT_EQ(second[i], THC_SUCCESS) << "rank " << r;
+  }
 }
 
 }  // namespace
