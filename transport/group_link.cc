@@ -130,12 +130,13 @@ class GroupLink final : public Link {
         continue;
       }
       if (ms > 0 && Clock::now() - last > std::chrono::milliseconds(ms)) {
+        // Member 0 waits on members 1.. (request i: member i + 1), the others on member 0.
         std::string missing;
-        for (size_t i = 0; i < reqs.size(); ++i)
+        for (size_t i = 0; i < reqs.size() && (rank_ == 0 || missing.empty()); ++i)
           if (reqs[i] != kNullReq)
-            missing += (missing.empty() ? "" : ", ") + std::to_string(rank_ == 0 ? static_cast<int>(i) + 1 : 0);
+            missing += (missing.empty() ? "" : ", ") + std::to_string(rank_ == 0 ? members_[i + 1] : members_[0]);
         give_up(Status::kTimeout, name() + ": " + what + ": no progress within " + std::to_string(ms) +
-                                      " ms (THC_TIMEOUT_MS) with group rank(s) " + missing);
+                                      " ms (THC_TIMEOUT_MS) with rank(s) " + missing);
       }
       nap = nap ? std::min<uint64_t>(2 * nap, 200) : 10;
       p_->idle(nap);
