@@ -38,7 +38,6 @@ class MpiHierNet final : public capi::HierNet {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const char* exchange_name() const override { return "MPI_Iallreduce"; }
   void broken() override { broken_ = true; }
 
   void max_u32(uint32_t* data, size_t n, const char* what) override {

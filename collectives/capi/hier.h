@@ -67,8 +67,6 @@ class HierNet {
   virtual std::unique_ptr<transport::Reducer> flat_reducer(long timeout_ms) = 0;
   // The communicator failed an operation: keep whatever the transport may still touch.
   virtual void broken() {}
-  // The name of what bounds a call's exchanges, for messages ("MPI_Iallreduce", "UCX").
-  virtual const char* exchange_name() const = 0;
 };
 
 // The ranks' layout input: THC_HIER_HOSTS emulates hosts as blocks of consecutive ranks of a

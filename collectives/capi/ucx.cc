@@ -26,7 +26,6 @@ class UcxHierNet final : public HierNet {
   explicit UcxHierNet(std::shared_ptr<transport::Link> link) : link_(std::move(link)) {}
   int rank() const override { return link_->rank(); }
   int size() const override { return link_->size(); }
-  const char* exchange_name() const override { return "UCX"; }
   void max_u32(uint32_t* data, size_t n, const char* what) override {
     try {
       link_->max_u32(data, n);

@@ -146,8 +146,8 @@ class Codec {
   // rounded to float, as kern::add_pair), and staged (then required; indexed like x, not
   // overlapping x or add) receives those sums, from which the residual is computed. residual
   // may be add itself (the update in place): each block's add is read before its residual is
-  // written. The kernels sum as they read (THC on AVX-512 in its first RHT pass, Cnat and Dnat in
-  // their rounding loop); THC on other targets stages the sum first.
+  // written. The kernels sum as they read (THC on AVX-512 and AVX2 in its first RHT pass, Cnat and
+  // Dnat in their rounding loop); THC on other targets stages the sum first.
   struct EncodeOut {
     uint8_t* packed = nullptr;
     void* values = nullptr;

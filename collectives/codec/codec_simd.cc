@@ -33,6 +33,7 @@
 
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
+#include "collectives/codec/load_float-inl.h"
 #include "collectives/codec/philox-inl.h"
 #include "collectives/codec/thc_round-inl.h"
 
@@ -526,24 +527,6 @@ void NatQuantizeImpl(const float* HWY_RESTRICT x, uint64_t n, int e, float enc, 
     NatQuantizeT<false>(x, n, e, enc, levels, bits, own, blk, idx, val, packed, nullptr, nullptr);
   }
 }
-// Typed integers -> float (static_cast semantics: exact below 2^24, round to nearest above).
-template <typename T>
-HWY_INLINE hn::Vec<DF> LoadAsFloat(DF d, const T* HWY_RESTRICT p) {
-  const DI di;
-  if constexpr (sizeof(T) == 4 && std::is_signed<T>::value) {
-    return hn::ConvertTo(d, hn::LoadU(di, reinterpret_cast<const int32_t*>(p)));
-  } else if constexpr (sizeof(T) == 4) {
-    // Two exact halves, one rounding in the add: the correctly rounded float of the u32.
-    const auto v = hn::LoadU(di, reinterpret_cast<const int32_t*>(p));
-    const auto hi = hn::ConvertTo(d, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(DU(), v))));
-    const auto lo = hn::ConvertTo(d, hn::And(v, hn::Set(di, 0xFFFF)));
-    return hn::Add(hn::Mul(hi, hn::Set(d, 65536.0f)), lo);
-  } else {
-    const hn::Rebind<T, DI> dt;
-    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(dt, p)));
-  }
-}
-
 template <typename T>
 void ThcDequantT(const T* HWY_RESTRICT s, uint64_t n, float half, float step, float f, float* HWY_RESTRICT w) {
   const DF d;

@@ -32,18 +32,14 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
-#include <strings.h>
-
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "collectives/codec/codec_simd.h"
 #include "collectives/codec/elem.h"
+#include "collectives/codec/load_float-inl.h"
 #include "collectives/codec/philox-inl.h"
 #include "collectives/codec/thc_round-inl.h"
 #include "hwy/cache_control.h"
@@ -52,6 +48,7 @@
 #include <immintrin.h>
 #endif
 #include "collectives/codec/rht.h"
+#include "common/simd_cap.h"  // THC_SIMD
 
 HWY_BEFORE_NAMESPACE();
 namespace thc::codec::HWY_NAMESPACE {
@@ -265,23 +262,6 @@ struct RegOps : RegArith {
       return _mm512_mask_xor_ps(v, _load_mask16(const_cast<__mmask16*>(masks + (i >> 4))), v, sign);
     }
   };
-  // kLanes sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
-  template <typename T>
-  static HWY_INLINE V SumsAsFloat(const T* HWY_RESTRICT p) {
-    if constexpr (std::is_same<T, uint8_t>::value) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, int8_t>::value) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, uint16_t>::value) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-    } else if constexpr (std::is_same<T, int16_t>::value) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-    } else if constexpr (std::is_same<T, int32_t>::value) {
-      return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
-    } else {
-      return _mm512_cvtepu32_ps(_mm512_loadu_si512(p));  // correctly rounded, as static_cast
-    }
-  }
 };
 #elif HWY_TARGET == HWY_AVX2
 #define THC_FWHT_AVX512 0
@@ -328,27 +308,6 @@ struct RegOps : RegArith {
       return _mm256_xor_ps(v, _mm256_and_ps(_mm256_castsi256_ps(bits), sign));
     }
   };
-  // kLanes sums of type T at p -> float (static_cast semantics, as LoadAsFloat in codec_simd.cc).
-  template <typename T>
-  static HWY_INLINE V SumsAsFloat(const T* HWY_RESTRICT p) {
-    if constexpr (std::is_same<T, uint8_t>::value) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, int8_t>::value) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, uint16_t>::value) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, int16_t>::value) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    } else if constexpr (std::is_same<T, int32_t>::value) {
-      return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    } else {
-      // Two exact halves, one rounding in the add: the correctly rounded float of the u32.
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 16));
-      const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
-      return _mm256_add_ps(_mm256_mul_ps(hi, _mm256_set1_ps(65536.0f)), lo);
-    }
-  }
 };
 #else
 #define THC_FWHT_AVX512 0
@@ -779,7 +738,7 @@ void ThcDecodeBlockT(const T* HWY_RESTRICT s, uint64_t n, uint64_t m, float half
   // later pass (which writes out) for any n.
   const uint64_t span = FirstPass(work, n, n >= 1024 ? n / 8 : n / 2, [&](uint64_t i) THC_RHT_LAMBDA_INLINE {
     if ((i * sizeof(T)) % 64 == 0) hwy::Prefetch(s + i + kSumsPrefetchBytes / sizeof(T));
-    return RegOps::Mul(RegOps::Mul(RegOps::Sub(RegOps::SumsAsFloat(s + i), vh), vs), vf);
+    return RegOps::Mul(RegOps::Mul(RegOps::Sub(LoadAsFloat(RegArith::D(), s + i).raw, vh), vs), vf);
   });
   const InverseStore st = MakeInverseStore(shared, blk, n, m, e, sub, out);
 #if THC_FWHT_AVX512
@@ -945,30 +904,6 @@ void rht_inverse(float* x, uint64_t n, const rng::Stream& shared, uint64_t block
 
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
 
-namespace {
-// THC_SIMD=NAME (a Highway target: AVX3_SPR, AVX3_ZEN4, AVX3_DL, AVX3, AVX2, SSE4, SSSE3,
-// EMU128, SCALAR; any case): every SIMD kernel of the process runs as on a CPU whose best target
-// is NAME (the targets better than it are disabled in Highway's dispatch). For CPUs that slow
-// down under 512-bit vectors, and to measure what a CPU without AVX-512 gets. Read once, when
-// the library is loaded; a name this build or CPU lacks is reported on stderr and ignored. (A
-// program that calls Highway's hwy::SupportedTargets() itself afterwards undoes it: Highway 1.0
-// chooses again among every target there; thc never calls it.)
-[[maybe_unused]] const bool simd_capped = [] {
-  const char* want = std::getenv("THC_SIMD");
-  if (!want || !*want) return false;
-  std::string names;
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if (strcasecmp(hwy::TargetName(t), want) == 0) {
-      hwy::DisableTargets(t - 1);  // better targets have lower bits
-      return true;
-    }
-    names += std::string(names.empty() ? "" : " ") + hwy::TargetName(t);
-  }
-  std::fprintf(stderr, "thc: THC_SIMD=%s names no SIMD target that this build and CPU have (%s); using %s\n", want,
-               names.c_str(), simd_target());
-  return false;
-}();
-}  // namespace
 
 }  // namespace thc::codec
 #endif

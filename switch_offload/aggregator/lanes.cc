@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "common/simd_cap.h"  // THC_SIMD
 #include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/wire.h"
 
