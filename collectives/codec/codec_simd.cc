@@ -285,8 +285,22 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
     }
   }
 #endif
-  {
-    // Gather path: cell fields straight from the ThcCell array (words 4k + field).
+  if (ThcWordTables::Usable(tb)) {
+    // Gather path, two gathers per vector (ThcWordTables).
+    const ThcWordTables tab(tb);
+    const ThcWordRound<DF> wr(tab, tb, enc);
+    auto one = [&](uint64_t j, hn::Vec<DU> r) THC_LAMBDA_INLINE {
+      hn::Vec<DI> value;
+      const auto code = wr.Round(hn::LoadU(d, work + j), r, val ? &value : nullptr);
+      if (val) hn::StoreU(value, di, val + j);
+      if (idx) StoreCodes(code, idx + j);
+    };
+    for (; i + step <= n; i += step) {
+      if (prefetch) PrefetchAhead(prefetch + i, step);
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8), [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { one(i + q * N, j); });
+    }
+  } else {
+    // Gather path for g > 255: cell fields straight from the ThcCell array (words 4k + field).
     const auto gm1 = hn::Set(di, tb.g - 1), zi = hn::Zero(di), ff = hn::Set(di, 0xFF);
     const auto* base_i = reinterpret_cast<const int32_t*>(tb.cells);
     const auto* base_f = reinterpret_cast<const float*>(tb.cells);

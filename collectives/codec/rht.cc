@@ -15,8 +15,8 @@
 //    then needs no store of the rotated block and no second pass over it.
 //  * AVX2, n >= 64: the same passes on ymm registers (RegOps): stages h = 1, 2, 4 inside a
 //    register, h = 8..32 across 8 registers (a 64-float chunk), later passes of at most 3 stages
-//    (radix 8: 16 ymm registers), the same fused prologues and epilogues except THC's rounding
-//    (a pass of its own, kern::thc_quantize) and the non-temporal stores.
+//    (radix 8: 16 ymm registers), the same fused prologues and epilogues (THC's rounding with its
+//    cell table gathered, g <= 255) except the non-temporal stores.
 //  * other targets: stages h = 1 and 2 inside 128-bit vectors with lane shuffles; stages with
 //    4 <= h < 2^12 on L1-sized tiles (2^13 floats), so a tile stays in cache while all its
 //    small stages run; the remaining large stages fused two at a time (radix 4).
@@ -542,12 +542,41 @@ void RotateForwardImpl(const float* HWY_RESTRICT x, uint64_t elems, uint64_t n, 
   FwhtImpl(work, n);
 }
 
+#if THC_FWHT_REG && !THC_FWHT_AVX512
+// The Philox words of four counter lanes (x0..x3: word w in the low dword of each 64-bit lane)
+// -> for each lane q, the 16-bit draws of its group's 8 elements in element order (u16 k of
+// words 0..3 read as little-endian, philox.h), zero-extended into the u32 lanes of out[q].
+HWY_INLINE void RowDraws(__m256i x0, __m256i x1, __m256i x2, __m256i x3, __m256i* out) {
+  const __m256i a = _mm256_blend_epi32(x0, _mm256_slli_epi64(x1, 32), 0xAA);  // (w0, w1) per lane
+  const __m256i b = _mm256_blend_epi32(x2, _mm256_slli_epi64(x3, 32), 0xAA);  // (w2, w3)
+  const __m256i even = _mm256_unpacklo_epi64(a, b);  // lanes 0 | 2
+  const __m256i odd = _mm256_unpackhi_epi64(a, b);   // lanes 1 | 3
+  out[0] = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(even));
+  out[1] = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(odd));
+  out[2] = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(even, 1));
+  out[3] = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(odd, 1));
+}
+
+// 8 codes below 16 (u32 lanes, nothing above the code) -> 4 bytes, element 2i in the low nibble
+// of byte i (elem.h's bit order for b = 4).
+HWY_INLINE void StorePacked4x8(__m256i code, uint8_t* HWY_RESTRICT p) {
+  const __m256i both = _mm256_or_si256(code, _mm256_srli_epi64(code, 28));  // byte 0 of each u64 lane
+  const __m256i pick = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i two = _mm256_shuffle_epi8(both, pick);  // bytes 0, 1 of each 128-bit lane
+  const __m128i four = _mm_unpacklo_epi16(_mm256_castsi256_si128(two), _mm256_extracti128_si256(two, 1));
+  const uint32_t w = static_cast<uint32_t>(_mm_cvtsi128_si32(four));
+  std::memcpy(p, &w, 4);
+}
+#endif
+
 // THC encode of one block: rotate_forward, then thc_quantize, and for packed4 the codes packed
 // as 4-bit (idx then only scratch). On AVX-512 with the cell table in registers the rounding
 // runs inside the RHT's last pass (three stages, rows h0 = n / 8 apart): each step's 8 vectors
 // of 16 rotated values are rounded as they leave the butterflies, with the draws of their 16
 // groups from one pair of Philox counter vectors (counter lane q of vector c: row 4c + q / 2,
-// group q % 2 of its two), instead of a store and a second pass that reads them back.
+// group q % 2 of its two), instead of a store and a second pass that reads them back. On AVX2
+// the same with 8 vectors of 8 (one group per row) and the cell table gathered (ThcWordRound).
 void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT add, float* HWY_RESTRICT staged,
                         uint64_t elems, uint64_t n, int e, const rng::Stream& shared, uint64_t blk, float enc,
                         const kern::ThcTables& tb, const rng::Stream& own, float* HWY_RESTRICT work,
@@ -595,6 +624,70 @@ void ThcEncodeBlockImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT a
       };
       PhiloxEmitZmm<decltype(d32), false>(round, 0, x0, x1, x2, x3);
       PhiloxEmitZmm<decltype(d32), false>(round, 4, y0, y1, y2, y3);
+    }
+    return;
+  }
+#endif
+#if THC_FWHT_REG && !THC_FWHT_AVX512
+  if (n >= 1024 && ThcWordTables::Usable(tb)) {
+    // AVX2: the same fusion, with ThcWordRound's two gathers per vector. A step is 8 rows of 8
+    // elements, one group of each row: counter lane q of vector c is row 4c + q.
+    const uint64_t h1 = add ? ForwardFirstPass(FirstInput<true>{x, add, staged}, elems, n, n / 8, e, shared, blk, work)
+                            : ForwardFirstPass(FirstInput<false>{x, nullptr, nullptr}, elems, n, n / 8, e, shared, blk,
+                                               work);
+    MiddlePasses(work, n, h1);
+    const ThcWordTables tab(tb);
+    const ThcWordRound<RegArith::D> wr(tab, tb, enc);
+    const uint64_t h0 = n / 8;
+    const PhiloxFamily fam = MakeFamily(own, rng::kPurposeRound, blk);
+    const hn::ScalableTag<uint32_t> d32;
+    const hn::Repartition<uint64_t, decltype(d32)> d64;
+    using V = hn::Vec<decltype(d64)>;
+    const V m0 = hn::Set(d64, kPhiloxM0);
+    const V rows = MulLo32(d64, hn::Iota(d64, 0), hn::Set(d64, h0 / 8));  // group of row q at j = 0
+    const V patm0 = MulLo32(d64, rows, m0);
+    const V patm1 = MulLo32(d64, hn::Add(rows, hn::Set(d64, 4 * (h0 / 8))), m0);
+    const hn::Rebind<uint8_t, decltype(d32)> d8;
+    const hn::RebindToSigned<RegArith::D> di;
+    // kPacked: packed4 the only output (the engine's form), without a test per row for the others.
+    auto steps = [&](auto packed_only) THC_RHT_LAMBDA_INLINE {
+      constexpr bool kPacked = decltype(packed_only)::value;
+      for (uint64_t j = 0; j < h0; j += 8) {
+        if (prefetch) PrefetchAhead(prefetch + 8 * j, 64);
+        if (prefetch_add) PrefetchAhead(prefetch_add + 8 * j, 64);
+        RegV v[8];
+        HWY_UNROLL(8)
+        for (int r = 0; r < 8; ++r) v[r] = RegOps::Load(work + j + r * h0);
+        CrossStages<3>(v);
+        const V gm = hn::Set(d64, (j / 8) * uint64_t{kPhiloxM0});
+        V x0, x1, x2, x3, y0, y1, y2, y3;
+        Philox10Q2(d64, fam, hn::Add(patm0, gm), hn::Add(patm1, gm), &x0, &x1, &x2, &x3, &y0, &y1, &y2, &y3);
+        __m256i draws[8];
+        RowDraws(x0.raw, x1.raw, x2.raw, x3.raw, draws);
+        RowDraws(y0.raw, y1.raw, y2.raw, y3.raw, draws + 4);
+        HWY_UNROLL(8)
+        for (int r = 0; r < 8; ++r) {
+          const uint64_t i = j + r * h0;
+          const hn::Vec<decltype(d32)> dr{draws[r]};
+          if constexpr (kPacked) {
+            StorePacked4x8(wr.Round(RegArith::W(v[r]), dr, nullptr).raw, packed4 + i / 2);
+          } else {
+            hn::Vec<decltype(di)> value;
+            const auto code = wr.Round(RegArith::W(v[r]), dr, val ? &value : nullptr);
+            if (val) hn::StoreU(value, di, val + i);
+            if (packed4) {
+              StorePacked4x8(code.raw, packed4 + i / 2);
+            } else if (idx) {
+              hn::StoreU(hn::DemoteTo(d8, code), d8, idx + i);
+            }
+          }
+        }
+      }
+    };
+    if (packed4 && !val) {
+      steps(std::true_type{});
+    } else {
+      steps(std::false_type{});
     }
     return;
   }

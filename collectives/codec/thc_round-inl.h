@@ -24,6 +24,7 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace thc::codec::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
 // n floats at p into every cache level, one prefetch per cache line (prefetches never fault).
 // prefetcht0, not t1 (towards L2): with t1 the THC encode's first pass still waited for memory
@@ -32,6 +33,75 @@ namespace thc::codec::HWY_NAMESPACE {
 HWY_INLINE void PrefetchAhead(const float* p, size_t n) {
   for (size_t k = 0; k < n; k += 16) __builtin_prefetch(p + k, 0, 3);
 }
+
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+
+// The cell table as one word per cell, lo_val | hi_val << 8 | lo_idx << 16 | hi_idx << 24
+// (g <= 255: every field fits a byte), and inv_span * 2^16: the rounding gathers two words per
+// element instead of one per field (three with packed indices, four with values as well). A
+// gather is 5 uops on Intel cores since Skylake but about 40 microcoded ones on AMD's Zen 2 and
+// Zen 3 (uops.info), the AVX2 hosts most likely to run this path. inv16 = inv_span * 2^16 is
+// exact, and so is the scaling of the product by it (see ThcRegRound).
+struct ThcWordTables {
+  HWY_ALIGN uint32_t word[256];
+  HWY_ALIGN float inv16[256];
+  static bool Usable(const kern::ThcTables& tb) { return tb.g <= 255 && tb.t >= 1e-20f; }
+  explicit ThcWordTables(const kern::ThcTables& tb) {
+    for (int k = 0; k <= tb.g; ++k) {  // entry g: a copy of cell g - 1 (ThcWordRound)
+      const elem::ThcCell& c = tb.cells[k < tb.g ? k : tb.g - 1];
+      word[k] = static_cast<uint32_t>(c.lo_val) | static_cast<uint32_t>(c.hi_val) << 8 |
+                static_cast<uint32_t>(c.lo_idx) << 16 | static_cast<uint32_t>(c.hi_idx) << 24;
+      inv16[k] = c.inv_span * 65536.0f;
+    }
+  }
+};
+
+// elem::thc_grid and elem::thc_round of one vector of rotated values w (times enc) with the
+// 16-bit draws j (u32 lanes): NaN taken as 0 by a mask (Min/Max's NaN rules differ between
+// targets), y clamped to [-t, t]; v = (y + t) g/(2t) >= +0 then needs no clamp to g, nor the cell
+// k to [0, g - 1]: v can exceed g by an ulp at most, k = g reads the copy of cell g - 1, and
+// every draw goes up there either way, to the same code and value (ThcRegRound::Round).
+// Returns the codes (u32 lanes); *value (optional) the integer values.
+template <class DF>
+struct ThcWordRound {
+  using DI = hn::RebindToSigned<DF>;
+  using DU = hn::RebindToUnsigned<DF>;
+  using VF = hn::Vec<DF>;
+  using VI = hn::Vec<DI>;
+  const ThcWordTables& tab;
+  VF enc, t, negt, g2t, half;
+  VI ff;
+  ThcWordRound(const ThcWordTables& tables, const kern::ThcTables& tb, float e)
+      : tab(tables),
+        enc(hn::Set(DF(), e)),
+        t(hn::Set(DF(), tb.t)),
+        negt(hn::Set(DF(), -tb.t)),
+        g2t(hn::Set(DF(), tb.g_over_2t)),
+        half(hn::Set(DF(), 0.5f)),
+        ff(hn::Set(DI(), 0xFF)) {}
+  HWY_INLINE VI Round(VF w, hn::Vec<DU> j, VI* value) const {
+    const DF d;
+    const DI di;
+    auto y = hn::Mul(w, enc);
+    y = hn::IfThenElseZero(hn::Eq(y, y), y);
+    y = hn::Max(negt, hn::Min(t, y));
+    const VF v = hn::Mul(hn::Add(y, t), g2t);
+    const VI k = hn::ConvertTo(di, v);  // v in [0, g + 1 ulp]: truncation = floor
+    const VI word = hn::GatherIndex(di, reinterpret_cast<const int32_t*>(tab.word), k);
+    const VF inv = hn::GatherIndex(d, tab.inv16, k);
+    const VF p16 = hn::Mul(hn::Sub(v, hn::ConvertTo(d, hn::And(word, ff))), inv);
+    const VF u16 = hn::Add(hn::ConvertTo(d, hn::BitCast(di, j)), half);
+    // Going up takes the upper byte of both pairs: the word shifted down by 8 (a variable shift,
+    // cheaper than a blend on AVX2), hi_val into bits 0..7, hi_idx into 16..23.
+    const DU du;
+    const hn::Vec<DU> sh = hn::And(hn::VecFromMask(du, hn::RebindMask(du, hn::Lt(u16, p16))), hn::Set(du, 8u));
+    const VI sel = hn::BitCast(di, hn::Shr(hn::BitCast(du, word), sh));
+    if (value) *value = hn::And(sel, ff);
+    return hn::And(hn::ShiftRight<16>(sel), ff);
+  }
+};
+
+#endif  // vector targets
 
 #if HWY_TARGET <= HWY_AVX3
 

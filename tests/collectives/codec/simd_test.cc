@@ -466,7 +466,10 @@ TEST(SimdBitIdentity, LargeBlocks) {
 class ThcQuantizeGrid : public ::testing::TestWithParam<std::pair<int, int>> {};
 INSTANTIATE_TEST_SUITE_P(SimdKernels, ThcQuantizeGrid,
                          ::testing::Values(std::make_pair(4, 30), std::make_pair(5, 31), std::make_pair(5, 32),
-                                           std::make_pair(5, 60), std::make_pair(2, 3)));
+                                           std::make_pair(5, 60), std::make_pair(2, 3),
+                                           // The largest cell table of one word per cell (codes up
+                                           // to 255 in its top byte), and the first beyond it.
+                                           std::make_pair(8, 255), std::make_pair(8, 256)));
 
 TEST_P(ThcQuantizeGrid, OnGridPointsAndClampEdges) {
   const Codec c(thc(GetParam().first, GetParam().second), 4);
@@ -725,12 +728,14 @@ TEST(SimdKernels, RotateMatchesScalarComposition) {
   });
 }
 
-// The fused THC encode of a block (rounding inside the RHT's last pass when the cell table fits
-// registers, g <= 31; the gather path and small blocks compose the kernels), in every output form,
+// The fused THC encode of a block (rounding inside the RHT's last pass: AVX-512 when the cell
+// table fits registers, g <= 31, AVX2 with it gathered, g <= 255; other cases and small blocks
+// compose the kernels), in every output form,
 // against the scalar composition rotate_forward + thc_quantize (+ pack_bits).
 TEST(SimdKernels, EncodeBlockMatchesScalar) {
   for_each_target([&] {
-    for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3)}) {
+    for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3),
+                           std::make_pair(4, 300)}) {
       const Codec c(thc(bg.first, bg.second), 4);
       kern::ThcTables tb;
       tb.cells = c.cells().data();
