@@ -667,7 +667,7 @@ class HierComm final : public capi::Composite {
       if (!ef) continue;
       const uint64_t len_j = binds[j].len;
       if (ef->count != 0 && ef->residual.size() < len_j) ef->residual.resize(len_j, 0.0f);  // (zeros: see engine.h)
-      std::vector<float>& res = ef->residual;
+      engine::ErrorFeedback::Buffer& res = ef->residual;
       if (ef->next.size() != res.size()) {
         ef->next = res;
       } else if (ef->next_differs > len_j) {

@@ -13,6 +13,7 @@
 #include "collectives/codec/codec.h"
 #include "collectives/engine/device.h"
 #include "collectives/engine/dtype.h"
+#include "common/huge_alloc.h"
 #include "collectives/engine/host_codec.h"
 #include "thc/thc.h"
 #include "transport/reducer.h"
@@ -30,12 +31,13 @@ namespace thc::engine {
 // not cover is left as it was), leaving `residual` as it was; the caller swaps them once the
 // call has succeeded everywhere.
 struct ErrorFeedback {
-  std::vector<float> residual;
+  using Buffer = std::vector<float, HugeAlloc<float>>;  // on huge pages from 2 MiB (huge_alloc.h)
+  Buffer residual;
   uint64_t count = 0;
   std::shared_ptr<float> device;  // device residual of `count` floats (device buffers)
   int device_id = -1;
   bool out_of_place = false;
-  std::vector<float> next;
+  Buffer next;
   uint64_t next_differs = 0;  // (kept by the caller that swaps) next equals residual past this
   // Where a call on `count` elements writes the updated residual.
   float* target(uint64_t n) {

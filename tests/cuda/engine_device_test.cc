@@ -181,7 +181,7 @@ std::vector<std::vector<std::vector<uint8_t>>> run_case(const Case& c, bool devi
         rr.resize(fb.count);
         cudaMemcpy(rr.data(), fb.device.get(), fb.count * sizeof(float), cudaMemcpyDeviceToHost);
       } else {
-        rr = fb.residual;
+        rr.assign(fb.residual.begin(), fb.residual.end());
       }
     }
     EXPECT_EQ(e.stats().calls, static_cast<uint64_t>(calls));
@@ -441,7 +441,7 @@ struct StreamResult {
 };
 
 std::vector<float> residual_of(const ErrorFeedback& fb) {
-  if (!fb.device) return fb.residual;
+  if (!fb.device) return std::vector<float>(fb.residual.begin(), fb.residual.end());
   std::vector<float> r(fb.count);
   cudaMemcpy(r.data(), fb.device.get(), fb.count * sizeof(float), cudaMemcpyDeviceToHost);
   return r;

@@ -254,7 +254,7 @@ TEST(Hier, NonFiniteInputFailsEveryRankBeforeAnything) {
       auto x = gaussian(count, rank());
       std::vector<float> out(count, 3.0f);
       ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS);
-      const std::vector<float> residual = ef->ef.residual;
+      const thc::engine::ErrorFeedback::Buffer residual = ef->ef.residual;
       std::fill(out.begin(), out.end(), 3.0f);
       if (rank() == bad) x[4321] = bad == 1 ? std::numeric_limits<float>::infinity() : std::nanf("");
       EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_ERR_NONFINITE)
@@ -501,7 +501,7 @@ TEST(Hier, FailureAfterTheCompressedStageKeepsTheResidual) {
     std::vector<float> out(count, 3.0f);
     ASSERT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_SUCCESS)
         << thc_last_error();
-    const std::vector<float> residual = ef->ef.residual;
+    const thc::engine::ErrorFeedback::Buffer residual = ef->ef.residual;
     std::fill(out.begin(), out.end(), 3.0f);
     if (lay.host_of(rank()) == 0 && lay.local_rank(rank()) < 2) x[count - 5] = 3e38f;  // the last slice
     EXPECT_EQ(thc_allreduce(x.data(), out.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef), THC_ERR_NONFINITE)
@@ -742,7 +742,7 @@ TEST(Hier, GroupFailuresFailEveryRankBeforeOutput) {
     std::vector<thc_tensor_t> ts = g.tensors(ms);
     ASSERT_EQ(thc_allreduce_group(THC_SCHEME_THC, ts.data(), ts.size(), THC_OP_SUM, comm), THC_SUCCESS)
         << thc_last_error();
-    const std::vector<float> residual = g.states[1]->ef.residual;
+    const thc::engine::ErrorFeedback::Buffer residual = g.states[1]->ef.residual;
     auto untouched = [&](const std::string& what) {
       for (size_t t = 0; t < ms.size(); ++t) {
         std::vector<float> got(ms[t].count);
@@ -1106,7 +1106,7 @@ TEST(Hier, ShardCollectiveFailuresFailEveryRankBeforeOutput) {
     ASSERT_EQ(thc_reduce_scatter(THC_SCHEME_THC, x.data(), y.data(), counts.data(), THC_FLOAT32, THC_OP_SUM, comm, ef),
               THC_SUCCESS)
         << thc_last_error();
-    const std::vector<float> residual = ef->ef.residual;
+    const thc::engine::ErrorFeedback::Buffer residual = ef->ef.residual;
     const std::vector<float> three(counts[me], 3.0f);
     // NaN on the last rank (at an element another host's rank owns)
     std::fill(y.begin(), y.end(), 3.0f);

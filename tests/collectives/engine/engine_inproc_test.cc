@@ -346,7 +346,7 @@ TEST(Engine, OutOfPlaceErrorFeedbackWritesTheInPlaceUpdateToNext) {
         for (int call = 0; call < 2 && s == THC_SUCCESS; ++call) {
           if (call == 1) {
             for (size_t t = 0; t < nt; ++t) {
-              before[oop][r][t] = ef[t]->ef.residual;
+              before[oop][r][t].assign(ef[t]->ef.residual.begin(), ef[t]->ef.residual.end());
               ef[t]->ef.out_of_place = oop == 1;
             }
           }
@@ -370,8 +370,8 @@ TEST(Engine, OutOfPlaceErrorFeedbackWritesTheInPlaceUpdateToNext) {
           }
         }
         for (size_t t = 0; t < nt; ++t) {
-          after[oop][r][t] = ef[t]->ef.residual;
-          next[oop][r][t] = ef[t]->ef.next;
+          after[oop][r][t].assign(ef[t]->ef.residual.begin(), ef[t]->ef.residual.end());
+          next[oop][r][t].assign(ef[t]->ef.next.begin(), ef[t]->ef.next.end());
           out[oop][r][t] = o[t];
           thc_state_destroy(ef[t]);
         }
@@ -407,7 +407,10 @@ TEST(Engine, ShortResidualReadsAsZeroPadded) {
         thc_state_t ef;
         thc_state_create(&ef);
         ef->ef.count = count;
-        ef->ef.residual = gaussian(1500, 70 + r);
+        {
+          const auto g = gaussian(1500, 70 + r);
+          ef->ef.residual.assign(g.begin(), g.end());
+        }
         if (padded) ef->ef.residual.resize(count, 0.0f);
         const auto x = gaussian(count, 80 + r);
         std::vector<float> o(count);
@@ -418,7 +421,7 @@ TEST(Engine, ShortResidualReadsAsZeroPadded) {
         } else {
           s = thc_allreduce(x.data(), o.data(), count, THC_FLOAT32, THC_OP_SUM, comm, ef);
         }
-        res[2 * r + padded] = ef->ef.residual;
+        res[2 * r + padded].assign(ef->ef.residual.begin(), ef->ef.residual.end());
         out[2 * r + padded] = o;
         thc_state_destroy(ef);
         return s;

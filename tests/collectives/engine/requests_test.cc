@@ -640,7 +640,7 @@ TEST(Requests, GroupUnderPartialAggregationMatchesSeparateCalls) {
           } else {
             for (const auto& t : tensors) e.allreduce(scheme, t.send, t.recv, t.count, t.dtype, false, t.ef);
           }
-          for (size_t t = 0; t < kCounts.size(); ++t) res[grouped][r * kCounts.size() + t] = ef[t].residual;
+          for (size_t t = 0; t < kCounts.size(); ++t) res[grouped][r * kCounts.size() + t].assign(ef[t].residual.begin(), ef[t].residual.end());
         });
       }
       for (auto& t : ts) t.join();
