@@ -385,6 +385,51 @@ struct PackRegs {
 };
 #endif
 
+#if HWY_TARGET == HWY_AVX2
+// Codes 0..255 of four vectors (u32 lanes) -> 32 bytes in element order: two saturating packs
+// leave dword 4 L + v (v = vector, L = 128-bit lane) holding codes 4 L..4 L + 3 of vector v, and
+// one dword permute puts them back in order.
+HWY_INLINE __m256i CodeBytes32(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
+  const __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+  return _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// PackRegs on 256-bit vectors: 64 codes (8 vectors of 8, codes < 2^b, b = 1..7) -> 8 b bytes at
+// out, the same bytes as PackBitsImpl. Each qword of CodeBytes32's result becomes 8 codes in its
+// low b bytes (PackBitsImpl's multiply-adds), a byte shuffle gathers each 128-bit lane's 2 b bytes
+// at its start, and the four lanes are stored 2 b bytes apart as 16-byte stores, each overwriting
+// the previous one's tail: the last one writes 16 - 2 b bytes past the 8 b, which the caller's
+// loop bound keeps inside the block's packed bytes (a later step overwrites them).
+struct PackRegs2 {
+  __m256i mul1, mul2, lo32, shuf;
+  __m128i sh;
+  uint64_t b;
+
+  explicit PackRegs2(int bits) : b(static_cast<uint64_t>(bits)) {
+    mul1 = _mm256_set1_epi16(static_cast<short>((1 << bits) << 8 | 1));
+    mul2 = _mm256_set1_epi32((1 << (2 * bits)) << 16 | 1);
+    lo32 = _mm256_set1_epi64x(0xFFFFFFFFll);
+    sh = _mm_cvtsi32_si128(4 * bits);
+    alignas(16) int8_t sel[16];
+    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
+    shuf = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+  }
+  HWY_INLINE __m256i Lanes(__m256i bytes) const {
+    const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(mul1, bytes), mul2);
+    const __m256i q = _mm256_or_si256(_mm256_and_si256(d, lo32), _mm256_sll_epi64(_mm256_srli_epi64(d, 32), sh));
+    return _mm256_shuffle_epi8(q, shuf);
+  }
+  HWY_INLINE void Pack64(const __m256i (&c)[8], uint8_t* HWY_RESTRICT out) const {
+    const __m256i v = Lanes(CodeBytes32(c[0], c[1], c[2], c[3]));
+    const __m256i w = Lanes(CodeBytes32(c[4], c[5], c[6], c[7]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * b), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * b), _mm256_castsi256_si128(w));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 6 * b), _mm256_extracti128_si256(w, 1));
+  }
+};
+#endif
+
 // kAdd: error feedback's x + add, summed as read (add_pair's bits) and stored to staged; a
 // template parameter, so that the loops without it stay as they were.
 template <bool kAdd>
@@ -515,6 +560,70 @@ HWY_INLINE void NatQuantizeT(const float* HWY_RESTRICT x, uint64_t n, int e, flo
         const __m512i code = one_bits(i + q * N, j);
         if (idx) StoreCodes(hn::Vec<DI>{code}, idx + i + q * N);
       });
+  }
+#endif
+#if HWY_TARGET == HWY_AVX2
+  if (enc == 1.0f && e >= -127 && e <= 95) {
+    // The AVX-512 loop above on 8 lanes, with AVX2's operations: no mask registers, so
+    // comparisons give all-ones lanes (a level goes up by subtracting one), no unsigned compare
+    // or conversion, so the draws enter as jr = j 2^7 + 2^6 < 2^23: going up at r >= 1 is
+    // (2 j + 1) 2^6 < mant, and at r < 1 jr < |x| 2^(e+23) (exact scalings of the tests above
+    // wherever the product is normal; where it is not, both sides say no).
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), mantm = _mm256_set1_epi32(0x7FFFFF);
+    const __m256i c = _mm256_set1_epi32(e - 126), lv = _mm256_set1_epi32(levels), one1 = _mm256_set1_epi32(1);
+    const __m256i inf = _mm256_set1_epi32(0x7F800000), half7 = _mm256_set1_epi32(64);
+    const __m256i t1m = _mm256_set1_epi32(static_cast<int>(elem::float_bits(elem::pow2f(-e))) - 1);
+    const __m256i sgnv = _mm256_set1_epi32(1 << (bits - 1)), zero = _mm256_setzero_si256();
+    const __m256 s23 = _mm256_set1_ps(elem::pow2f(e + 23));
+    auto one_bits = [&](uint64_t j, __m256i draw) THC_LAMBDA_INLINE {
+      if ((j & 15) == 0) {
+        hwy::Prefetch(x + j + kPrefetchFloats);
+        if constexpr (kAdd) hwy::Prefetch(add + j + kPrefetchFloats);
+      }
+      const __m256i bx = _mm256_castps_si256(input(j).raw);
+      const __m256i ax = _mm256_and_si256(bx, absm);
+      const __m256i jr = _mm256_or_si256(_mm256_slli_epi32(draw, 7), half7);
+      const __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(bx, mantm), jr);
+      __m256i lvl = _mm256_add_epi32(_mm256_srli_epi32(ax, 23), c);
+      lvl = _mm256_min_epi32(_mm256_sub_epi32(lvl, up), lv);
+      // Not r >= 1: NaN (above inf) or |x| < 2^-e.
+      const __m256i small = _mm256_or_si256(_mm256_cmpgt_epi32(ax, inf), _mm256_cmpgt_epi32(t1m, ax));
+      const __m256 ups = _mm256_cmp_ps(_mm256_cvtepi32_ps(jr), _mm256_mul_ps(_mm256_castsi256_ps(ax), s23), _CMP_LT_OQ);
+      // Big lanes hold lvl >= 1 (and ups true), the others 0 or ups' 1.
+      const __m256i level =
+          _mm256_max_epi32(_mm256_andnot_si256(small, lvl), _mm256_srli_epi32(_mm256_castps_si256(ups), 31));
+      if (val) {
+        // 2^(level-1), 0 for level 0 (a count of 2^32 - 1), negated where the sign bit is set
+        // (vpsignd: x = 0 gives 0, and -0 or a negative NaN has level 0).
+        const __m256i mag = _mm256_sllv_epi32(one1, _mm256_sub_epi32(level, one1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(val + j), _mm256_sign_epi32(mag, bx));
+      }
+      // The sign bit stands for a < 0: they differ only at -0 and NaN, whose level is 0.
+      const __m256i sm = _mm256_andnot_si256(_mm256_cmpeq_epi32(level, zero), _mm256_srai_epi32(bx, 31));
+      return _mm256_or_si256(level, _mm256_and_si256(sm, sgnv));
+    };
+    if (packed && bits < 8) {
+      // The 64 codes of a step packed in registers while the last store stays inside the
+      // block's whole packed bytes; the rest from idx below.
+      const PackRegs2 pr(bits);
+      const uint64_t b = static_cast<uint64_t>(bits), full = n / 8 * b;
+      for (; i + step <= n && i / 8 * b + 6 * b + 16 <= full; i += step) {
+        __m256i cs[8];
+        PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8),
+                      [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { cs[q] = one_bits(i + q * N, j.raw); });
+        pr.Pack64(cs, packed + i / 8 * b);
+      }
+      i0 = i;
+    }
+    for (; i + step <= n; i += step) {
+      __m256i cs[8];
+      PhiloxRound16(du, fam, pat, static_cast<uint32_t>(i / 8),
+                    [&](size_t q, hn::Vec<DU> j) THC_LAMBDA_INLINE { cs[q] = one_bits(i + q * N, j.raw); });
+      if (idx) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + i), CodeBytes32(cs[0], cs[1], cs[2], cs[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + i + 32), CodeBytes32(cs[4], cs[5], cs[6], cs[7]));
+      }
+    }
   }
 #endif
   for (; i + step <= n; i += step)

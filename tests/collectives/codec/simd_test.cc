@@ -619,6 +619,49 @@ TEST(SimdKernels, NatQuantizeOnPowersOfTwoAndWindowEdges) {
   });
 }
 
+// nat_quantize at its rounding thresholds: each element placed exactly on, one ulp below or one
+// ulp above the point where its own draw j decides (u = (2 j + 1) 2^-17 against the fraction of
+// r = |x| 2^e: the mantissa (2 j + 1) 2^6 + d for r >= 1, r 2^16 = j + 1/2 (+- 1 ulp) below 1), so
+// a kernel whose comparison is off by one in either direction differs from the reference.
+TEST(SimdKernels, NatQuantizeAtTheDrawThresholds) {
+  const rng::Stream own{7, 3, 2};
+  const uint64_t blk = 5, n = 4096;
+  const auto key = rng::make_key(own);
+  for_each_target([&] {
+    for (int e : {-100, -3, 0, 7, 90}) {
+      std::vector<float> x(n);
+      for (uint64_t k = 0; k < n; ++k) {
+        const auto r = rng::draw4(key, own, rng::kPurposeRound, blk, static_cast<uint32_t>(k / rng::kRoundGroup));
+        const uint32_t j = rng::round_bits(r, static_cast<uint32_t>(k % rng::kRoundGroup));
+        const int d = static_cast<int>(k % 3) - 1;  // -1, 0, +1
+        float rr;
+        if ((k / 3) % 2 == 0) {
+          // r in [2^m, 2^(m+1)) with mantissa (2 j + 1) 2^6 + d.
+          const int m = static_cast<int>(k % 5);
+          rr = elem::bits_float(static_cast<uint32_t>(127 + m) << 23 | static_cast<uint32_t>(static_cast<int>((2 * j + 1) << 6) + d));
+        } else {
+          const float t = static_cast<float>(2 * j + 1) * (1.0f / 131072.0f);  // exact
+          rr = d < 0 ? std::nextafter(t, 0.0f) : d > 0 ? std::nextafter(t, 1.0f) : t;
+        }
+        const float v = std::ldexp(rr, -e);
+        x[k] = (k / 6) % 2 ? -v : v;
+      }
+      for (int levels : {4, 15}) {
+        const int bits = 5;
+        std::vector<uint8_t> i1(n), i2(n), p1((n * bits + 7) / 8), p2(p1.size());
+        std::vector<int32_t> v1(n), v2(n);
+        kern::nat_quantize(x.data(), n, e, 1.0f, levels, bits, own, blk, i1.data(), v1.data());
+        kern::nat_quantize_scalar(x.data(), n, e, 1.0f, levels, bits, own, blk, i2.data(), v2.data());
+        ASSERT_EQ(i1, i2) << "e " << e << " levels " << levels;
+        ASSERT_EQ(v1, v2) << "e " << e << " levels " << levels;
+        kern::nat_quantize(x.data(), n, e, 1.0f, levels, bits, own, blk, i1.data(), nullptr, p1.data());
+        kern::pack_bits_scalar(i2.data(), n, bits, p2.data());
+        ASSERT_EQ(p1, p2) << "packed: e " << e << " levels " << levels;
+      }
+    }
+  });
+}
+
 // nat_quantize with packed: the same bytes as the scalar codes packed by pack_bits_scalar, for
 // every width below 8 (the AVX-512 kernel packs 128 codes at a time in registers, the rest from
 // idx), codes with and without values, and nothing written past the packed bytes.
