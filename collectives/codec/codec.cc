@@ -451,7 +451,7 @@ void Codec::decode(const Layout& lay, uint64_t first_block, uint64_t nblocks, co
       kern::thc_decode_block(sum_type_, sums, wire_off, w, m, half, step, f, bs.exp, rng.shared(), blk, nullptr, ob,
                              work, stream);
     } else {
-      kern::nat_dequant(sum_type_, sums, wire_off, m, bs.dec * inv_cnt, bs.exp, nullptr, ob);
+      kern::nat_dequant(sum_type_, sums, wire_off, m, bs.dec * inv_cnt, bs.exp, nullptr, ob, stream);
     }
     wire_off += w;
   }

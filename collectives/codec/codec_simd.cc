@@ -75,7 +75,7 @@ void ThcDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float
   kern::thc_dequant_scalar(t, sums, off, n, half, step, f, work);
 }
 void NatDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
-                    float* out) {
+                    float* out, bool /*stream*/) {
   kern::nat_dequant_scalar(t, sums, off, n, f, e, sub, out);
 }
 void StoreValuesImpl(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
@@ -674,12 +674,24 @@ void ThcDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float
 
 template <typename T>
 void NatDequantT(const T* HWY_RESTRICT s, uint64_t n, float f, int e, const float* HWY_RESTRICT sub,
-                 float* HWY_RESTRICT out) {
+                 float* HWY_RESTRICT out, bool stream) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const int h = e / 2;
   const auto v1 = hn::Set(d, elem::pow2f(h)), v2 = hn::Set(d, elem::pow2f(e - h)), vf = hn::Set(d, f);
   uint64_t i = 0;
+  auto scalar = [&](uint64_t k) {
+    const float v = Rounded(elem::scale2(static_cast<float>(s[k]) * f, e));
+    out[k] = sub ? sub[k] - v : v;
+  };
+  if (stream && !sub) {
+    // Non-temporal stores need aligned vectors: the head element by element up to the first.
+    for (; i < n && reinterpret_cast<uintptr_t>(out + i) % (N * sizeof(float)) != 0; ++i) scalar(i);
+    for (; i + N <= n; i += N) hn::Stream(hn::Mul(hn::Mul(hn::Mul(LoadAsFloat(d, s + i), vf), v1), v2), d, out + i);
+    for (; i < n; ++i) scalar(i);
+    hwy::FlushStream();  // the streamed lines are ordered before anything this thread stores next
+    return;
+  }
   if (sub) {
     for (; i + N <= n; i += N)
       hn::StoreU(hn::Sub(hn::LoadU(d, sub + i), Rounded(hn::Mul(hn::Mul(hn::Mul(LoadAsFloat(d, s + i), vf), v1), v2))),
@@ -687,21 +699,18 @@ void NatDequantT(const T* HWY_RESTRICT s, uint64_t n, float f, int e, const floa
   } else {
     for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::Mul(hn::Mul(LoadAsFloat(d, s + i), vf), v1), v2), d, out + i);
   }
-  for (; i < n; ++i) {
-    const float v = Rounded(elem::scale2(static_cast<float>(s[i]) * f, e));
-    out[i] = sub ? sub[i] - v : v;
-  }
+  for (; i < n; ++i) scalar(i);
 }
 
 void NatDequantImpl(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
-                    float* out) {
+                    float* out, bool stream) {
   switch (t) {
-    case IntType::kU8: return NatDequantT(static_cast<const uint8_t*>(sums) + off, n, f, e, sub, out);
-    case IntType::kU16: return NatDequantT(static_cast<const uint16_t*>(sums) + off, n, f, e, sub, out);
-    case IntType::kU32: return NatDequantT(static_cast<const uint32_t*>(sums) + off, n, f, e, sub, out);
-    case IntType::kI8: return NatDequantT(static_cast<const int8_t*>(sums) + off, n, f, e, sub, out);
-    case IntType::kI16: return NatDequantT(static_cast<const int16_t*>(sums) + off, n, f, e, sub, out);
-    case IntType::kI32: return NatDequantT(static_cast<const int32_t*>(sums) + off, n, f, e, sub, out);
+    case IntType::kU8: return NatDequantT(static_cast<const uint8_t*>(sums) + off, n, f, e, sub, out, stream);
+    case IntType::kU16: return NatDequantT(static_cast<const uint16_t*>(sums) + off, n, f, e, sub, out, stream);
+    case IntType::kU32: return NatDequantT(static_cast<const uint32_t*>(sums) + off, n, f, e, sub, out, stream);
+    case IntType::kI8: return NatDequantT(static_cast<const int8_t*>(sums) + off, n, f, e, sub, out, stream);
+    case IntType::kI16: return NatDequantT(static_cast<const int16_t*>(sums) + off, n, f, e, sub, out, stream);
+    case IntType::kI32: return NatDequantT(static_cast<const int32_t*>(sums) + off, n, f, e, sub, out, stream);
   }
 }
 
@@ -1050,8 +1059,8 @@ void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float ha
   HWY_DYNAMIC_DISPATCH(ThcDequantImpl)(t, sums, off, n, half, step, f, work);
 }
 void nat_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
-                 float* out) {
-  HWY_DYNAMIC_DISPATCH(NatDequantImpl)(t, sums, off, n, f, e, sub, out);
+                 float* out, bool stream) {
+  HWY_DYNAMIC_DISPATCH(NatDequantImpl)(t, sums, off, n, f, e, sub, out, stream);
 }
 void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n) {
   HWY_DYNAMIC_DISPATCH(StoreValuesImpl)(t, base, off, v, n);

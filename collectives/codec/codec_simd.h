@@ -107,9 +107,11 @@ void thc_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float ha
 void thc_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float half, float step, float f,
                         float* work);
 
-// out[i] = scale2(float(s_i) * f, e), or sub[i] - that when sub != nullptr.
+// out[i] = scale2(float(s_i) * f, e), or sub[i] - that when sub != nullptr. stream: out written
+// with non-temporal stores (a result larger than the caches; ends with a store fence), the same
+// values.
 void nat_dequant(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
-                 float* out);
+                 float* out, bool stream = false);
 void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, float f, int e, const float* sub,
                         float* out);
 

@@ -913,6 +913,19 @@ TEST(SimdKernels, DequantAndStoreEveryIntType) {
             kern::nat_dequant(t, a.data(), off, n - off, 0.8125f, e, s, x.data());
             kern::nat_dequant_scalar(t, a.data(), off, n - off, 0.8125f, e, s, y.data());
             ASSERT_TRUE(same_bits(x.data(), y.data(), (n - off) * 4)) << "nat_dequant " << first_diff(x, y);
+            // Streamed (non-temporal) stores from an output at every alignment: the same values,
+            // nothing written outside [out, out + count).
+            for (uint64_t mis : {0, 1, 3, 7, 15}) {
+              std::vector<float> z(n + 16, 7.0f);
+              kern::nat_dequant(t, a.data(), off, n - off, 0.8125f, e, s, z.data() + mis, true);
+              ASSERT_TRUE(same_bits(z.data() + mis, y.data(), (n - off) * 4))
+                  << "nat_dequant stream +" << mis << " " << first_diff(std::vector<float>(z.begin() + mis, z.end()), y);
+              for (uint64_t k = 0; k < z.size(); ++k) {
+                if (k < mis || k >= mis + (n - off)) {
+                  ASSERT_EQ(z[k], 7.0f) << "stream +" << mis << " wrote " << k;
+                }
+              }
+            }
           }
         }
       }
