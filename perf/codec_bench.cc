@@ -17,7 +17,8 @@
 //   calls:1  one call per block with a reused codec::Workspace: what the engine does (one core)
 //   calls:2  one call per block, each allocating its own scratch (a caller without a workspace)
 // BM_LookupAdd, BM_AddInts, BM_FloatSum: the transports' reductions (the scale model's inputs,
-// perf/model/calibrate.sh), per element of the input.
+// perf/model/calibrate.sh), per element of the input; BM_LookupAddCnat: 5-bit codes into 16-bit
+// sums.
 // BM_ThcEncodePhase / BM_CnatEncodePhase (phase 0: the prelude alone, 1: the encodes alone, 2: the
 // encodes alone on one cached block) and BM_ThcDecodeHot (one cached block) split the time.
 // The *Threads rows run the engine's host codec (engine::HostCodec, THC_THREADS): prelude and
@@ -295,6 +296,22 @@ void BM_LookupAdd(benchmark::State& state) {
   set_bytes(state);
 }
 
+// Cnat's default reduction: 5-bit codes into 16-bit sums (table of +-2^k).
+void BM_LookupAddCnat(benchmark::State& state) {
+  thc::transport::LookupTable t;
+  t.bits = 5;
+  for (int z = 0; z < 32; ++z) t.values.push_back(z == 0 || z == 16 ? 0 : (z < 16 ? 1 : -1) * (1 << (z % 16 - 1)));
+  std::vector<uint8_t> packed(kCount * 5 / 8);
+  std::mt19937 gen(3);
+  for (auto& v : packed) v = static_cast<uint8_t>(gen());
+  std::vector<uint16_t> acc(kCount, 0);
+  for (auto _ : state) {
+    thc::transport::lookup_add(t, packed.data(), 0, kCount, thc::transport::IntType::kU16, acc.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state);
+}
+
 void BM_AddInts(benchmark::State& state) {
   const auto type = state.range(0) == 1 ? thc::transport::IntType::kU8 : thc::transport::IntType::kU16;
   const size_t w = static_cast<size_t>(state.range(0));
@@ -389,6 +406,7 @@ void register_benchmarks() {
     benchmark::RegisterBenchmark(name, fn)->ArgNames({"log2B", "phase"})->Args({14, 0})->Args({14, 1})->Args({14, 2})->Apply(common);
   benchmark::RegisterBenchmark("BM_ThcDecodeHot", BM_ThcDecodeHot)->ArgName("log2B")->Arg(14)->Apply(common);
   benchmark::RegisterBenchmark("BM_LookupAdd", BM_LookupAdd)->Apply(common);
+  benchmark::RegisterBenchmark("BM_LookupAddCnat", BM_LookupAddCnat)->Apply(common);
   benchmark::RegisterBenchmark("BM_AddInts", BM_AddInts)->ArgName("bytes")->Arg(1)->Arg(2)->Apply(common);
   benchmark::RegisterBenchmark("BM_FloatSum", BM_FloatSum)->Apply(common);
   benchmark::RegisterBenchmark("BM_ThcEncodeThreads", BM_ThcEncodeThreads)

@@ -67,12 +67,21 @@ void lookup_t(const LookupTable& t, const uint8_t* packed, uint64_t first, uint6
     uint64_t i = 0;
     for (; i < n && ((first + i) & 7) != 0; ++i)
       d[i] = static_cast<T>(d[i] + v[elem::packed_get(packed, first + i, t.bits)]);
+    // 16-bit sums of codes below 32 (Cnat's default): the SIMD lookup of codec_simd.
     constexpr uint64_t kRun = 4096;
     uint8_t codes[kRun];
+    uint16_t tbl16[32] = {};
+    const bool simd16 = sizeof(T) == 2 && t.bits <= 5;
+    if (simd16)
+      for (int k = 0; k < (1 << t.bits); ++k) tbl16[k] = static_cast<uint16_t>(v[k]);
     while (i + 8 <= n) {
       const uint64_t m = std::min<uint64_t>(kRun, (n - i) & ~uint64_t{7});
       codec::kern::unpack_bits_simd(packed + (first + i) / 8 * static_cast<uint64_t>(t.bits), m, t.bits, codes);
-      for (uint64_t k = 0; k < m; ++k) d[i + k] = static_cast<T>(d[i + k] + v[codes[k]]);
+      if (simd16) {
+        codec::kern::lookup_add32_u16(tbl16, codes, m, reinterpret_cast<uint16_t*>(d + i));
+      } else {
+        for (uint64_t k = 0; k < m; ++k) d[i + k] = static_cast<T>(d[i + k] + v[codes[k]]);
+      }
       i += m;
     }
     for (; i < n; ++i) d[i] = static_cast<T>(d[i] + v[elem::packed_get(packed, first + i, t.bits)]);

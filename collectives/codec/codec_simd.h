@@ -119,6 +119,10 @@ void nat_dequant_scalar(IntType t, const void* sums, uint64_t off, uint64_t n, f
 // (the lookup-and-add of the index form for 4-bit codes and 8-bit sums; table holds 16 entries).
 void lookup_add4_u8(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d);
 void lookup_add4_u8_scalar(const uint8_t* table, const uint8_t* packed, uint64_t n, uint8_t* d);
+// d[i] += table[codes[i]] (16-bit wrap) for n byte codes below 32, table of 32 entries (the
+// lookup-and-add of unpacked codes of up to 5 bits into 16-bit sums: Cnat's default).
+void lookup_add32_u16(const uint16_t* table, const uint8_t* codes, uint64_t n, uint16_t* d);
+void lookup_add32_u16_scalar(const uint16_t* table, const uint8_t* codes, uint64_t n, uint16_t* d);
 // Typed store of int32 values (static_cast to the type: two's-complement truncation).
 void store_values(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);
 void store_values_scalar(IntType t, void* base, uint64_t off, const int32_t* v, uint64_t n);

@@ -977,6 +977,25 @@ TEST(SimdKernels, LookupAdd4U8MatchesScalar) {
   });
 }
 
+TEST(SimdKernels, LookupAdd32U16MatchesScalar) {
+  std::mt19937 gen(10);
+  for_each_target([&] {
+    uint16_t table[32];
+    for (auto& t : table) t = static_cast<uint16_t>(gen());  // values that wrap as they add
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{15}, uint64_t{16}, uint64_t{17}, uint64_t{64},
+                       uint64_t{1000}, uint64_t{65537}}) {
+      std::vector<uint8_t> codes(n);
+      for (uint64_t k = 0; k < n; ++k) codes[k] = k < 64 ? static_cast<uint8_t>(k % 32) : static_cast<uint8_t>(gen() % 32);
+      std::vector<uint16_t> a(n + 8), b(n + 8);
+      for (auto& x : a) x = static_cast<uint16_t>(gen());
+      b = a;
+      kern::lookup_add32_u16(table, codes.data(), n, a.data());
+      kern::lookup_add32_u16_scalar(table, codes.data(), n, b.data());
+      ASSERT_EQ(a, b) << "n=" << n;  // (the definition itself: LookupAdd in schedules_test)
+    }
+  });
+}
+
 TEST(SimdKernels, PreludeStatistics) {
   for_each_target([&] {
     for (Input kind : {Input::kGauss, Input::kZeros, Input::kDenormal, Input::kHuge, Input::kPow2, Input::kMixed}) {
