@@ -344,6 +344,16 @@ void ThcQuantizeImpl(const float* HWY_RESTRICT work, uint64_t n, float enc, cons
 
 void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8_t* HWY_RESTRICT out);
 
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+// The byte shuffle of the register packers: a 128-bit lane's two qwords each hold 8 codes of b
+// bits in their low b bytes; this gathers those 2 b bytes at the lane's start (zeros after).
+HWY_INLINE __m128i PackLaneShuffle(int bits) {
+  alignas(16) int8_t sel[16];
+  for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(sel));
+}
+#endif
+
 #if THC_HAVE_AVX512
 // Bit packing of codes still in registers (u32 lanes, codes < 2^b, b = 1..7), with the same
 // result as PackBitsImpl: the 64 codes of four vectors become bytes in element order (two
@@ -361,9 +371,7 @@ struct PackRegs {
     mul2 = _mm512_set1_epi32((1 << (2 * bits)) << 16 | 1);
     lo32 = _mm512_set1_epi64(0xFFFFFFFFll);
     sh = _mm512_set1_epi64(4 * bits);
-    alignas(16) int8_t sel[16];
-    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
-    shuf = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    shuf = _mm512_broadcast_i32x4(PackLaneShuffle(bits));
     alignas(64) int32_t pd[16];
     for (int o = 0; o < 16; ++o) pd[o] = 4 * (o % 4) + o / 4;  // dword 4 v + L <- 4 L + v
     perm_d = _mm512_load_si512(pd);
@@ -413,9 +421,7 @@ struct PackRegs2 {
     mul2 = _mm256_set1_epi32((1 << (2 * bits)) << 16 | 1);
     lo32 = _mm256_set1_epi64x(0xFFFFFFFFll);
     sh = _mm_cvtsi32_si128(4 * bits);
-    alignas(16) int8_t sel[16];
-    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
-    shuf = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    shuf = _mm256_broadcastsi128_si256(PackLaneShuffle(bits));
   }
   HWY_INLINE __m256i Lanes(__m256i bytes) const {
     const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(mul1, bytes), mul2);
@@ -956,9 +962,7 @@ void PackBitsImpl(const uint8_t* HWY_RESTRICT codes, uint64_t n, int bits, uint8
     const __m512i mul2 = _mm512_set1_epi32((1 << (2 * bits)) << 16 | 1);
     const __m512i lo32 = _mm512_set1_epi64(0xFFFFFFFFll);
     const __m512i sh = _mm512_set1_epi64(4 * bits);
-    alignas(16) int8_t sel[16];
-    for (int k = 0; k < 16; ++k) sel[k] = k < bits ? static_cast<int8_t>(k) : k < 2 * bits ? static_cast<int8_t>(8 + k - bits) : -1;
-    const __m512i shuf = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(sel)));
+    const __m512i shuf = _mm512_broadcast_i32x4(PackLaneShuffle(bits));
     const uint64_t full = n / 8 * static_cast<uint64_t>(bits);
     const uint64_t b = static_cast<uint64_t>(bits);
     for (; i + 64 <= n && i / 8 * b + 6 * b + 16 <= full; i += 64) {
