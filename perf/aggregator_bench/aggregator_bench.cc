@@ -54,6 +54,7 @@ struct Encoding {
 const Encoding kEncodings[] = {
     {"thc", "index b=4 -> u8 (THC)", true, 4, IntType::kU8, proto::WireInt::kU8},
     {"cnat", "index b=8 -> i16 (Cnat)", true, 8, IntType::kI16, proto::WireInt::kI16},
+    {"cnat5", "index b=5 -> i16 (Cnat, 2-8 workers)", true, 5, IntType::kI16, proto::WireInt::kI16},
     {"u8", "value u8", false, 0, IntType::kU8, proto::WireInt::kU8},
     {"u32", "value u32", false, 0, IntType::kU32, proto::WireInt::kU32},
 };
@@ -353,7 +354,7 @@ int main(int argc, char** argv) {
   uint64_t replay_packets = 2000;
   int replay_slots = 256;
   std::vector<int> threads = {1, 2}, jobs = {1}, lanes = {256, 8192}, replay_threads = {1, 2};
-  std::vector<std::string> encodings = {"thc", "cnat", "u8", "u32"};
+  std::vector<std::string> encodings = {"thc", "cnat", "cnat5", "u8", "u32"};
   bool no_udp = false, no_replay = false;
   app.add_option("--elements", n, "elements per allreduce")->capture_default_str();
   app.add_option("--reps", reps, "timed allreduces per worker")->capture_default_str();
@@ -363,9 +364,9 @@ int main(int argc, char** argv) {
   app.add_option("--lanes", lanes, "lanes per packet at most (256: Tofino profile; the MTU bounds the rest)")
       ->delimiter(',');
   app.add_option("--mtu", mtu, "the aggregator's path MTU (bounds the negotiated lanes)")->capture_default_str();
-  app.add_option("--encodings", encodings, "encodings to run: thc (index b=4 -> u8), cnat (index b=8 -> i16), u8, u32")
+  app.add_option("--encodings", encodings, "encodings to run: thc (index b=4 -> u8), cnat (index b=8 -> i16), cnat5 (index b=5 -> i16: Cnat's codes for 2-8 workers), u8, u32")
       ->delimiter(',')
-      ->check(CLI::IsMember({"thc", "cnat", "u8", "u32"}));
+      ->check(CLI::IsMember({"thc", "cnat", "cnat5", "u8", "u32"}));
   app.add_option("--replay-packets", replay_packets, "engine replay: packets per worker")->capture_default_str();
   app.add_option("--replay-slots", replay_slots,
                  "engine replay: the job's window S (registers of 2S packets; the clients' default THC_AGG_SLOTS is "
