@@ -54,7 +54,7 @@ struct Encoding {
 const Encoding kEncodings[] = {
     {"thc", "index b=4 -> u8 (THC)", true, 4, IntType::kU8, proto::WireInt::kU8},
     {"cnat", "index b=8 -> i16 (Cnat)", true, 8, IntType::kI16, proto::WireInt::kI16},
-    {"cnat5", "index b=5 -> i16 (Cnat, 2-8 workers)", true, 5, IntType::kI16, proto::WireInt::kI16},
+    {"cnat5", "index b=5 -> i16 (Cnat)", true, 5, IntType::kI16, proto::WireInt::kI16},
     {"u8", "value u8", false, 0, IntType::kU8, proto::WireInt::kU8},
     {"u32", "value u32", false, 0, IntType::kU32, proto::WireInt::kU32},
 };
@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
   app.add_option("--lanes", lanes, "lanes per packet at most (256: Tofino profile; the MTU bounds the rest)")
       ->delimiter(',');
   app.add_option("--mtu", mtu, "the aggregator's path MTU (bounds the negotiated lanes)")->capture_default_str();
-  app.add_option("--encodings", encodings, "encodings to run: thc (index b=4 -> u8), cnat (index b=8 -> i16), cnat5 (index b=5 -> i16: Cnat's codes for 2-8 workers), u8, u32")
+  app.add_option("--encodings", encodings, "encodings to run: thc (index b=4 -> u8), cnat (index b=8 -> i16), cnat5 (index b=5 -> i16: Cnat's codes with 16-bit sums for 2-128 workers), u8, u32")
       ->delimiter(',')
       ->check(CLI::IsMember({"thc", "cnat", "cnat5", "u8", "u32"}));
   app.add_option("--replay-packets", replay_packets, "engine replay: packets per worker")->capture_default_str();
