@@ -36,6 +36,7 @@
 #include "collectives/codec/load_float-inl.h"
 #include "collectives/codec/philox-inl.h"
 #include "collectives/codec/thc_round-inl.h"
+#include "common/lookup32_u16-inl.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -767,32 +768,17 @@ void LookupAdd4U8Impl(const uint8_t* HWY_RESTRICT table, const uint8_t* HWY_REST
   if (i < n) kern::lookup_add4_u8_scalar(table, packed + i / 2, n - i, d + i);
 }
 
-// 16 codes per step in 128-bit vectors: the table as four 16-byte tables (low and high bytes of
-// entries 0..15 and 16..31), each code looked up in the two of its half with one byte shuffle
-// each, bytes interleaved back into 16-bit values in element order, added.
+// 16 codes per step (common/lookup32_u16-inl.h), added.
 void LookupAdd32U16Impl(const uint16_t* HWY_RESTRICT table, const uint8_t* HWY_RESTRICT codes, uint64_t n,
                         uint16_t* HWY_RESTRICT d) {
-  const hn::Full128<uint8_t> d8;
-  const hn::Full128<int8_t> di8;
+  const simd::HWY_NAMESPACE::Lookup32U16 lut(table);
   const hn::Full128<uint16_t> d16;
-  HWY_ALIGN uint8_t bytes[4][16];  // [low 0..15, low 16..31, high 0..15, high 16..31]
-  for (int k = 0; k < 32; ++k) {
-    bytes[k / 16][k % 16] = static_cast<uint8_t>(table[k]);
-    bytes[2 + k / 16][k % 16] = static_cast<uint8_t>(table[k] >> 8);
-  }
-  const auto lo0 = hn::Load(d8, bytes[0]), lo1 = hn::Load(d8, bytes[1]);
-  const auto hi0 = hn::Load(d8, bytes[2]), hi1 = hn::Load(d8, bytes[3]);
-  const auto low = hn::Set(d8, 0x0F);
-  const auto fifteen = hn::Set(di8, 15);
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const auto c = hn::LoadU(d8, codes + i);
-    const auto k = hn::And(c, low);  // (an index above 15 is not defined on every target)
-    const auto upper = hn::RebindMask(d8, hn::Gt(hn::BitCast(di8, c), fifteen));
-    const auto lo = hn::IfThenElse(upper, hn::TableLookupBytes(lo1, k), hn::TableLookupBytes(lo0, k));
-    const auto hi = hn::IfThenElse(upper, hn::TableLookupBytes(hi1, k), hn::TableLookupBytes(hi0, k));
-    hn::StoreU(hn::Add(hn::LoadU(d16, d + i), hn::BitCast(d16, hn::InterleaveLower(d8, lo, hi))), d16, d + i);
-    hn::StoreU(hn::Add(hn::LoadU(d16, d + i + 8), hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi))), d16, d + i + 8);
+    hn::Vec<decltype(d16)> a, b;
+    lut.Get(codes + i, &a, &b);
+    hn::StoreU(hn::Add(hn::LoadU(d16, d + i), a), d16, d + i);
+    hn::StoreU(hn::Add(hn::LoadU(d16, d + i + 8), b), d16, d + i + 8);
   }
   if (i < n) kern::lookup_add32_u16_scalar(table, codes + i, n - i, d + i);
 }

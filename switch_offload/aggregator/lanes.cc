@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "common/lookup32_u16-inl.h"
 #include "common/simd_cap.h"  // THC_SIMD
 #include "switch_offload/aggregator/lanes.h"
 #include "switch_offload/protocol/wire.h"
@@ -63,31 +64,19 @@ HWY_INLINE void Lookup4U8(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRIC
 // regs[i] (u16, host order) += t16[index i] (kSet: =) for packed b-bit indices, b <= 5 (Cnat's
 // codes into 16-bit sums), i < count; t16 holds 32 entries. 16 indices per step: unpacked to bytes
 // (8 indices are b bytes: one pdep each on x86, shifts elsewhere; whole 8-byte loads while they
-// stay inside the payload's count * b / 8 bytes, exact-size copies at its end), then looked up
-// in four 16-byte tables (low and high bytes of entries 0..15 and 16..31) by byte shuffles and
-// interleaved back into 16-bit values (as the codec's lookup_add32_u16). Returns the indices done
-// (a multiple of 16); the caller's scalar loop takes the rest.
+// stay inside the payload's count * b / 8 bytes, exact-size copies at its end), then looked up as
+// in the codec's reduction (common/lookup32_u16-inl.h). Returns the indices done (a multiple of
+// 16); the caller's scalar loop takes the rest.
 template <bool kSet>
 HWY_INLINE int LookupU16(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT pl, int count, int bits,
                          const uint16_t* HWY_RESTRICT t16) {
   int i = 0;
 #if HWY_TARGET != HWY_SCALAR
-  const hn::Full128<uint8_t> d8;
-  const hn::Full128<int8_t> di8;
+  const simd::HWY_NAMESPACE::Lookup32U16 lut(t16);
   const hn::Full128<uint16_t> d16;
-  HWY_ALIGN uint8_t bytes[4][16];  // [low 0..15, low 16..31, high 0..15, high 16..31]
-  for (int k = 0; k < 32; ++k) {
-    bytes[k / 16][k % 16] = static_cast<uint8_t>(t16[k]);
-    bytes[2 + k / 16][k % 16] = static_cast<uint8_t>(t16[k] >> 8);
-  }
-  const auto lo0 = hn::Load(d8, bytes[0]), lo1 = hn::Load(d8, bytes[1]);
-  const auto hi0 = hn::Load(d8, bytes[2]), hi1 = hn::Load(d8, bytes[3]);
-  const auto low = hn::Set(d8, 0x0F);
-  const auto fifteen = hn::Set(di8, 15);
   const size_t b = static_cast<size_t>(bits);
   const size_t plen = (static_cast<size_t>(count) * b + 7) / 8;
   const uint64_t mask = 0x0101010101010101ull * ((1u << bits) - 1u);
-  HWY_ALIGN uint8_t idx[16];
   auto unpack8 = [&](size_t off, uint8_t* out) {
     uint64_t w = 0;
     if (off + 8 <= plen) {
@@ -104,25 +93,19 @@ HWY_INLINE int LookupU16(uint8_t* HWY_RESTRICT regs, const uint8_t* HWY_RESTRICT
 #endif
     std::memcpy(out, &u, 8);
   };
+  HWY_ALIGN uint8_t idx[16];
   for (; i + 16 <= count; i += 16) {
     unpack8(static_cast<size_t>(i) / 8 * b, idx);
     unpack8(static_cast<size_t>(i) / 8 * b + b, idx + 8);
-    const auto c = hn::Load(d8, idx);
-    const auto k = hn::And(c, low);  // (an index above 15 is not defined on every target)
-    const auto upper = hn::RebindMask(d8, hn::Gt(hn::BitCast(di8, c), fifteen));
-    const auto lo = hn::IfThenElse(upper, hn::TableLookupBytes(lo1, k), hn::TableLookupBytes(lo0, k));
-    const auto hi = hn::IfThenElse(upper, hn::TableLookupBytes(hi1, k), hn::TableLookupBytes(hi0, k));
-    const auto a = hn::BitCast(d16, hn::InterleaveLower(d8, lo, hi));
-    const auto z = hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi));
-    uint8_t* r = regs + 2 * static_cast<size_t>(i);
-    if constexpr (kSet) {
-      hn::StoreU(a, d16, reinterpret_cast<uint16_t*>(r));
-      hn::StoreU(z, d16, reinterpret_cast<uint16_t*>(r + 16));
-    } else {
-      hn::StoreU(hn::Add(hn::LoadU(d16, reinterpret_cast<const uint16_t*>(r)), a), d16, reinterpret_cast<uint16_t*>(r));
-      hn::StoreU(hn::Add(hn::LoadU(d16, reinterpret_cast<const uint16_t*>(r + 16)), z), d16,
-                 reinterpret_cast<uint16_t*>(r + 16));
+    hn::Vec<decltype(d16)> a, z;
+    lut.Get(idx, &a, &z);
+    auto* r = reinterpret_cast<uint16_t*>(regs + 2 * static_cast<size_t>(i));
+    if constexpr (!kSet) {
+      a = hn::Add(hn::LoadU(d16, r), a);
+      z = hn::Add(hn::LoadU(d16, r + 8), z);
     }
+    hn::StoreU(a, d16, r);
+    hn::StoreU(z, d16, r + 8);
   }
 #else
   (void)regs;
@@ -206,13 +189,22 @@ void lookup_scalar(uint8_t* regs, const uint8_t* pl, int count, int bits, const 
 // The SIMD lookup reads the LSB-first index stream as little-endian words.
 constexpr bool kLittleEndian = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
 
-// The first 2^bits entries of table as 16-bit register values (negated for subtract); the rest of
-// t16 stays zero.
-void fill_table16(const int32_t* table, int bits, bool subtract, uint16_t* t16) {
-  for (int z = 0; z < (1 << bits); ++z) {
-    const uint16_t v = static_cast<uint16_t>(static_cast<uint32_t>(table[z]));
-    t16[z] = subtract ? static_cast<uint16_t>(0u - v) : v;
+// 16-bit registers: indices of up to 5 bits through the SIMD kernel (the table's first 2^bits
+// entries, negated for subtract), the rest (and wider indices) by lookup_scalar.
+template <bool kSet>
+void lookup_u16(uint8_t* regs, const uint8_t* pl, int count, int bits, const int32_t* table, bool subtract) {
+  int done = 0;
+  if (kLittleEndian && bits <= 5) {
+    uint16_t t16[32] = {};
+    for (int z = 0; z < (1 << bits); ++z) {
+      const uint16_t v = static_cast<uint16_t>(static_cast<uint32_t>(table[z]));
+      t16[z] = subtract ? static_cast<uint16_t>(0u - v) : v;
+    }
+    done = kSet ? HWY_DYNAMIC_DISPATCH(LookupU16SetImpl)(regs, pl, count, bits, t16)
+                : HWY_DYNAMIC_DISPATCH(LookupU16Impl)(regs, pl, count, bits, t16);
   }
+  lookup_scalar<uint16_t, kSet>(regs + 2 * static_cast<size_t>(done), pl + static_cast<size_t>(done / 8 * bits),
+                                count - done, bits, table, subtract);
 }
 
 }  // namespace
@@ -251,16 +243,7 @@ void add_lookup(uint8_t* regs, int w, const uint8_t* pl, int count, int bits, co
     return HWY_DYNAMIC_DISPATCH(Lookup4U8Impl)(regs, pl, count, t8);
   }
   if (w == 1) return lookup_scalar<uint8_t>(regs, pl, count, bits, table, subtract);
-  if (w == 2) {
-    int done = 0;
-    if (kLittleEndian && bits <= 5) {
-      uint16_t t16[32] = {};
-      fill_table16(table, bits, subtract, t16);
-      done = HWY_DYNAMIC_DISPATCH(LookupU16Impl)(regs, pl, count, bits, t16);
-    }
-    return lookup_scalar<uint16_t>(regs + 2 * static_cast<size_t>(done), pl + static_cast<size_t>(done / 8 * bits),
-                                   count - done, bits, table, subtract);
-  }
+  if (w == 2) return lookup_u16<false>(regs, pl, count, bits, table, subtract);
   lookup_scalar<uint32_t>(regs, pl, count, bits, table, subtract);
 }
 
@@ -281,16 +264,7 @@ void set_lookup(uint8_t* regs, int w, const uint8_t* pl, int count, int bits, co
     return HWY_DYNAMIC_DISPATCH(Lookup4U8SetImpl)(regs, pl, count, t8);
   }
   if (w == 1) return lookup_scalar<uint8_t, true>(regs, pl, count, bits, table, false);
-  if (w == 2) {
-    int done = 0;
-    if (kLittleEndian && bits <= 5) {
-      uint16_t t16[32] = {};
-      fill_table16(table, bits, false, t16);
-      done = HWY_DYNAMIC_DISPATCH(LookupU16SetImpl)(regs, pl, count, bits, t16);
-    }
-    return lookup_scalar<uint16_t, true>(regs + 2 * static_cast<size_t>(done),
-                                         pl + static_cast<size_t>(done / 8 * bits), count - done, bits, table, false);
-  }
+  if (w == 2) return lookup_u16<true>(regs, pl, count, bits, table, false);
   lookup_scalar<uint32_t, true>(regs, pl, count, bits, table, false);
 }
 
