@@ -7,6 +7,9 @@
 //                                     wall clock (the *Threads and threads:2 rows stay on the wall
 //                                     clock): on a machine shared with other work, time slices
 //                                     taken by others then do not count; memory contention still does
+//   codec_bench --table-lookup=gather|registers
+//                                     THC's rounding on AVX2 looks the cell table up by gathers or
+//                                     from registers (default: registers on AMD, gathers elsewhere)
 //   codec_bench --nmse                NMSE vs block size (THC b=4 g=30 p=1/32, 4 workers) instead
 //
 // Encode timings include the prelude (the per-block statistic), as the engine runs it; the MAX
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "collectives/codec/codec.h"
+#include "collectives/codec/codec_simd.h"
 #include "collectives/codec/rht.h"
 #include "collectives/engine/host_codec.h"
 #include "transport/reducer.h"
@@ -553,14 +557,21 @@ int main(int argc, char** argv) {
       g_cpu_time = true;
       continue;
     }
+    if (std::strcmp(argv[i], "--table-lookup=gather") == 0 || std::strcmp(argv[i], "--table-lookup=registers") == 0) {
+      // THC rounding on AVX2 (g <= 31): force one of the two table lookups (default: by CPU vendor)
+      thc::codec::kern::set_avx2_table_lookup(argv[i][15] == 'g' ? thc::codec::kern::TableLookup::kGather
+                                                                 : thc::codec::kern::TableLookup::kRegisters);
+      continue;
+    }
     argv[kept++] = argv[i];
   }
   argc = kept;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_benchmarks();
-  std::printf("SIMD target: %s; one-core rows timed by %s\n", thc::codec::simd_target(),
-              g_cpu_time ? "the thread's CPU time" : "the wall clock");
+  std::printf("SIMD target: %s; one-core rows timed by %s; THC table lookup on AVX2: %s\n",
+              thc::codec::simd_target(), g_cpu_time ? "the thread's CPU time" : "the wall clock",
+              thc::codec::kern::avx2_table_in_registers() ? "registers" : "gathers");
   SummaryReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   rep.Summary();

@@ -26,6 +26,7 @@
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -39,6 +40,7 @@
 #include "common/lookup32_u16-inl.h"
 
 #if HWY_ARCH_X86
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -1061,6 +1063,29 @@ HWY_EXPORT(LookupAdd4U8Impl);
 HWY_EXPORT(LookupAdd32U16Impl);
 
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTargetImpl)(); }
+
+namespace {
+std::atomic<int> g_table_lookup{static_cast<int>(TableLookup::kAuto)};
+bool cpu_is_amd() {
+#if HWY_ARCH_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+void set_avx2_table_lookup(TableLookup mode) { g_table_lookup.store(static_cast<int>(mode)); }
+bool avx2_table_in_registers() {
+  static const bool amd = cpu_is_amd();
+  switch (static_cast<TableLookup>(g_table_lookup.load(std::memory_order_relaxed))) {
+    case TableLookup::kGather: return false;
+    case TableLookup::kRegisters: return true;
+    default: return amd;
+  }
+}
 
 void prescale_signs(const float* x, uint64_t elems, uint64_t wire, int e, const rng::Stream& shared,
                     uint64_t blk, float* work) {

@@ -162,4 +162,13 @@ void apply_signs_scalar(float* x, uint64_t n, const rng::Stream& shared, uint64_
 // Name of the target the codec kernels dispatch to.
 const char* kernel_target();
 
+// How THC's rounding on AVX2 looks its cell table up when g <= 31: kGather (two gathers per 8
+// elements, ThcWordTables) or kRegisters (the table in eight ymm registers: vpermd/vpermps and
+// blends). kAuto, the default: registers on AMD CPUs, where a ymm gather is about 40 micro-ops on
+// Zen 2 / Zen 3, gathers on the others. Bit-identical either way; the choice is for speed and the
+// setter for tests and benchmarks (it applies to encodes that start after it).
+enum class TableLookup : int { kAuto = 0, kGather = 1, kRegisters = 2 };
+void set_avx2_table_lookup(TableLookup mode);
+bool avx2_table_in_registers();  // what kAuto or the last set mode means on this CPU
+
 }  // namespace thc::codec::kern

@@ -32,6 +32,19 @@ void for_each_target(F f) {
   thc::test::for_each_hwy_target(f, kern::kernel_target);
 }
 
+// Both cell-table lookups of THC's rounding on AVX2 (kern::TableLookup: the table in registers,
+// and gathered); the other targets ignore the mode. Back to the CPU's default afterwards.
+template <class F>
+void for_each_table_lookup(F f) {
+  for (const auto mode : {kern::TableLookup::kRegisters, kern::TableLookup::kGather}) {
+    SCOPED_TRACE(mode == kern::TableLookup::kRegisters ? "AVX2 table in registers" : "AVX2 table gathered");
+    kern::set_avx2_table_lookup(mode);
+    f();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  kern::set_avx2_table_lookup(kern::TableLookup::kAuto);
+}
+
 bool same_bits(const void* a, const void* b, size_t bytes) { return bytes == 0 || std::memcmp(a, b, bytes) == 0; }
 
 // First differing float, for messages.
@@ -461,8 +474,9 @@ TEST(SimdBitIdentity, LargeBlocks) {
 // ---------------------------------------------------------------------------------------------
 // Kernels against their scalar references.
 
-// g = 30 and 31 take the register-table path on AVX-512 (cells in two registers), 32 and 60 the
-// gather path; every target must agree with the scalar reference either way.
+// g = 30 and 31 take the register-table path on AVX-512 (cells in two registers) and, in its
+// register mode, on AVX2 (four registers per field); 32 and 60 the gather path; every target
+// must agree with the scalar reference either way.
 class ThcQuantizeGrid : public ::testing::TestWithParam<std::pair<int, int>> {};
 INSTANTIATE_TEST_SUITE_P(SimdKernels, ThcQuantizeGrid,
                          ::testing::Values(std::make_pair(4, 30), std::make_pair(5, 31), std::make_pair(5, 32),
@@ -493,27 +507,29 @@ TEST_P(ThcQuantizeGrid, OnGridPointsAndClampEdges) {
                   1e-40f, -1e-40f, 3.4e38f, -3.4e38f})
     w.push_back(v);
   while (w.size() % 64) w.push_back(0.25f);
-  for_each_target([&] {
-    for (uint64_t blk : {uint64_t{0}, uint64_t{5}, (uint64_t{1} << 33) + 3}) {
-      const rng::Stream own{99, 3, 11};
-      std::vector<uint8_t> i1(w.size()), i2(w.size());
-      std::vector<int32_t> v1(w.size()), v2(w.size());
-      kern::thc_quantize(w.data(), w.size(), 1.0f, tb, own, blk, i1.data(), v1.data());
-      kern::thc_quantize_scalar(w.data(), w.size(), 1.0f, tb, own, blk, i2.data(), v2.data());
-      ASSERT_EQ(i1, i2);
-      ASSERT_EQ(v1, v2);
-      std::vector<uint8_t> i3(w.size());
-      kern::thc_quantize(w.data(), w.size(), 1.0f, tb, own, blk, i3.data(), nullptr);
-      ASSERT_EQ(i3, i2);
-      // A length that ends inside a step of draws (the tail path).
-      const uint64_t n = w.size() - 20;
-      std::vector<uint8_t> i4(n), i5(n);
-      std::vector<int32_t> v4(n), v5(n);
-      kern::thc_quantize(w.data(), n, 0.875f, tb, own, blk, i4.data(), v4.data());
-      kern::thc_quantize_scalar(w.data(), n, 0.875f, tb, own, blk, i5.data(), v5.data());
-      ASSERT_EQ(i4, i5);
-      ASSERT_EQ(v4, v5);
-    }
+  for_each_table_lookup([&] {
+    for_each_target([&] {
+      for (uint64_t blk : {uint64_t{0}, uint64_t{5}, (uint64_t{1} << 33) + 3}) {
+        const rng::Stream own{99, 3, 11};
+        std::vector<uint8_t> i1(w.size()), i2(w.size());
+        std::vector<int32_t> v1(w.size()), v2(w.size());
+        kern::thc_quantize(w.data(), w.size(), 1.0f, tb, own, blk, i1.data(), v1.data());
+        kern::thc_quantize_scalar(w.data(), w.size(), 1.0f, tb, own, blk, i2.data(), v2.data());
+        ASSERT_EQ(i1, i2);
+        ASSERT_EQ(v1, v2);
+        std::vector<uint8_t> i3(w.size());
+        kern::thc_quantize(w.data(), w.size(), 1.0f, tb, own, blk, i3.data(), nullptr);
+        ASSERT_EQ(i3, i2);
+        // A length that ends inside a step of draws (the tail path).
+        const uint64_t n = w.size() - 20;
+        std::vector<uint8_t> i4(n), i5(n);
+        std::vector<int32_t> v4(n), v5(n);
+        kern::thc_quantize(w.data(), n, 0.875f, tb, own, blk, i4.data(), v4.data());
+        kern::thc_quantize_scalar(w.data(), n, 0.875f, tb, own, blk, i5.data(), v5.data());
+        ASSERT_EQ(i4, i5);
+        ASSERT_EQ(v4, v5);
+      }
+    });
   });
 }
 
@@ -545,17 +561,19 @@ TEST_P(ThcQuantizeGrid, NonFiniteRotatedValuesRoundLikeTheirClampOrZero) {
     for (size_t i = 0; i < w.size(); ++i) ref[i] = w[i] != w[i] ? 0.0f : (w[i] > 0 ? tb.t : -tb.t);
     kern::thc_quantize_scalar(ref.data(), ref.size(), 1.0f, tb, own, 3, z0.data(), q0.data());
   }
-  for_each_target([&] {
-    for (uint64_t n : {w.size(), w.size() - 12}) {
-      std::vector<uint8_t> z1(n), z2(n);
-      std::vector<int32_t> q1(n), q2(n);
-      kern::thc_quantize_scalar(w.data(), n, 1.0f, tb, own, 3, z2.data(), q2.data());
-      kern::thc_quantize(w.data(), n, 1.0f, tb, own, 3, z1.data(), q1.data());
-      ASSERT_EQ(z1, z2);
-      ASSERT_EQ(q1, q2);
-      ASSERT_EQ(z2, std::vector<uint8_t>(z0.begin(), z0.begin() + n));
-      ASSERT_EQ(q2, std::vector<int32_t>(q0.begin(), q0.begin() + n));
-    }
+  for_each_table_lookup([&] {
+    for_each_target([&] {
+      for (uint64_t n : {w.size(), w.size() - 12}) {
+        std::vector<uint8_t> z1(n), z2(n);
+        std::vector<int32_t> q1(n), q2(n);
+        kern::thc_quantize_scalar(w.data(), n, 1.0f, tb, own, 3, z2.data(), q2.data());
+        kern::thc_quantize(w.data(), n, 1.0f, tb, own, 3, z1.data(), q1.data());
+        ASSERT_EQ(z1, z2);
+        ASSERT_EQ(q1, q2);
+        ASSERT_EQ(z2, std::vector<uint8_t>(z0.begin(), z0.begin() + n));
+        ASSERT_EQ(q2, std::vector<int32_t>(q0.begin(), q0.begin() + n));
+      }
+    });
   });
 }
 
@@ -776,66 +794,70 @@ TEST(SimdKernels, RotateMatchesScalarComposition) {
 // compose the kernels), in every output form,
 // against the scalar composition rotate_forward + thc_quantize (+ pack_bits).
 TEST(SimdKernels, EncodeBlockMatchesScalar) {
-  for_each_target([&] {
-    for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3),
-                           std::make_pair(4, 300)}) {
-      const Codec c(thc(bg.first, bg.second), 4);
-      kern::ThcTables tb;
-      tb.cells = c.cells().data();
-      tb.g = c.granularity();
-      tb.t = static_cast<float>(c.t_p());
-      tb.gf = static_cast<float>(c.granularity());
-      tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
-      for (int lg : {8, 10, 14, 15}) {
-        const uint64_t wire = uint64_t{1} << lg;
-        auto x = make_input(lg % 2 ? Input::kMixed : Input::kGauss, wire, 3);
-        x[7] = std::numeric_limits<float>::quiet_NaN();  // a straggler's NaN rounds as 0
-        const rng::Stream shared{7, rng::kSharedStream, 5}, own{7, 2, 5};
-        const auto y = make_input(Input::kGauss, wire, 4);  // error feedback's e, added to x
-        for (uint64_t elems : {wire, wire - 5}) {
-          for (int e : {0, -3}) {
-            for (const float* add : {static_cast<const float*>(nullptr), y.data()}) {
-              SCOPED_TRACE("b " + std::to_string(bg.first) + " g " + std::to_string(bg.second) + " 2^" +
-                           std::to_string(lg) + " elems " + std::to_string(elems) + " e " + std::to_string(e) +
-                           (add ? " + add" : ""));
-              const float enc = 0.0137f;
-              std::vector<float> wa(wire), wb(wire);
-              std::vector<uint8_t> ia(wire, 1), ib(wire, 2);
-              std::vector<int32_t> va(wire, 3), vb(wire, 4);
-              // staged: x + add for the real elements, nothing written past them.
-              std::vector<float> sa(wire + 16, 9.0f), sb(wire + 16, 9.0f), sc(wire + 16, 9.0f);
-              kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
-                                     own, wa.data(), ia.data(), nullptr, va.data(), x.data(), add);
-              kern::thc_encode_block_scalar(x.data(), add, add ? sb.data() : nullptr, elems, wire, e, shared, 11, enc,
-                                            tb, own, wb.data(), ib.data(), nullptr, vb.data());
-              ASSERT_EQ(ia, ib);
-              ASSERT_EQ(va, vb);
-              if (add) {
-                ASSERT_TRUE(same_bits(sa.data(), sb.data(), (wire + 16) * 4)) << first_diff(sa, sb);
-                kern::add_pair_scalar(x.data(), add, elems, sc.data());
-                ASSERT_TRUE(same_bits(sa.data(), sc.data(), (wire + 16) * 4)) << first_diff(sa, sc);
-                // x + add encodes exactly like that sum passed as x.
-                std::vector<uint8_t> id(wire, 6);
-                kern::thc_encode_block_scalar(sc.data(), nullptr, nullptr, elems, wire, e, shared, 11, enc, tb, own,
-                                              wb.data(), id.data(), nullptr, nullptr);
-                ASSERT_EQ(id, ib);
-              }
-              std::vector<uint8_t> ic(wire, 5);
-              kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
-                                     own, wa.data(), ic.data(), nullptr, nullptr, nullptr, nullptr);
-              ASSERT_EQ(ic, ib);
-              if (bg.first == 4) {
-                std::vector<uint8_t> pa(wire / 2 + 8, 0xAB), pb(wire / 2 + 8, 0xAB), scratch(wire);
+  for_each_table_lookup([&] {
+    for_each_target([&] {
+      for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3),
+                             std::make_pair(4, 300)}) {
+        const Codec c(thc(bg.first, bg.second), 4);
+        kern::ThcTables tb;
+        tb.cells = c.cells().data();
+        tb.g = c.granularity();
+        tb.t = static_cast<float>(c.t_p());
+        tb.gf = static_cast<float>(c.granularity());
+        tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+        for (int lg : {8, 10, 14, 15}) {
+          const uint64_t wire = uint64_t{1} << lg;
+          auto x = make_input(lg % 2 ? Input::kMixed : Input::kGauss, wire, 3);
+          // A straggler's NaN rounds as 0 (in one size only: the rotation spreads it over the
+          // whole block, whose rounding then sees nothing but NaN).
+          if (lg == 10) x[7] = std::numeric_limits<float>::quiet_NaN();
+          const rng::Stream shared{7, rng::kSharedStream, 5}, own{7, 2, 5};
+          const auto y = make_input(Input::kGauss, wire, 4);  // error feedback's e, added to x
+          for (uint64_t elems : {wire, wire - 5}) {
+            for (int e : {0, -3}) {
+              for (const float* add : {static_cast<const float*>(nullptr), y.data()}) {
+                SCOPED_TRACE("b " + std::to_string(bg.first) + " g " + std::to_string(bg.second) + " 2^" +
+                             std::to_string(lg) + " elems " + std::to_string(elems) + " e " + std::to_string(e) +
+                             (add ? " + add" : ""));
+                const float enc = 0.0137f;
+                std::vector<float> wa(wire), wb(wire);
+                std::vector<uint8_t> ia(wire, 1), ib(wire, 2);
+                std::vector<int32_t> va(wire, 3), vb(wire, 4);
+                // staged: x + add for the real elements, nothing written past them.
+                std::vector<float> sa(wire + 16, 9.0f), sb(wire + 16, 9.0f), sc(wire + 16, 9.0f);
                 kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
-                                       own, wa.data(), scratch.data(), pa.data(), nullptr, nullptr, nullptr);
-                kern::pack_bits_scalar(ib.data(), wire, 4, pb.data());
-                ASSERT_EQ(pa, pb);
+                                       own, wa.data(), ia.data(), nullptr, va.data(), x.data(), add);
+                kern::thc_encode_block_scalar(x.data(), add, add ? sb.data() : nullptr, elems, wire, e, shared, 11, enc,
+                                              tb, own, wb.data(), ib.data(), nullptr, vb.data());
+                ASSERT_EQ(ia, ib);
+                ASSERT_EQ(va, vb);
+                if (add) {
+                  ASSERT_TRUE(same_bits(sa.data(), sb.data(), (wire + 16) * 4)) << first_diff(sa, sb);
+                  kern::add_pair_scalar(x.data(), add, elems, sc.data());
+                  ASSERT_TRUE(same_bits(sa.data(), sc.data(), (wire + 16) * 4)) << first_diff(sa, sc);
+                  // x + add encodes exactly like that sum passed as x.
+                  std::vector<uint8_t> id(wire, 6);
+                  kern::thc_encode_block_scalar(sc.data(), nullptr, nullptr, elems, wire, e, shared, 11, enc, tb, own,
+                                                wb.data(), id.data(), nullptr, nullptr);
+                  ASSERT_EQ(id, ib);
+                }
+                std::vector<uint8_t> ic(wire, 5);
+                kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
+                                       own, wa.data(), ic.data(), nullptr, nullptr, nullptr, nullptr);
+                ASSERT_EQ(ic, ib);
+                if (bg.first == 4) {
+                  std::vector<uint8_t> pa(wire / 2 + 8, 0xAB), pb(wire / 2 + 8, 0xAB), scratch(wire);
+                  kern::thc_encode_block(x.data(), add, add ? sa.data() : nullptr, elems, wire, e, shared, 11, enc, tb,
+                                         own, wa.data(), scratch.data(), pa.data(), nullptr, nullptr, nullptr);
+                  kern::pack_bits_scalar(ib.data(), wire, 4, pb.data());
+                  ASSERT_EQ(pa, pb);
+                }
               }
             }
           }
         }
       }
-    }
+    });
   });
 }
 
