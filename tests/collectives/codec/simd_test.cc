@@ -474,6 +474,17 @@ TEST(SimdBitIdentity, LargeBlocks) {
 // ---------------------------------------------------------------------------------------------
 // Kernels against their scalar references.
 
+// The rounding tables of a THC codec, as the codec hands them to the kernels.
+kern::ThcTables thc_tables(const Codec& c) {
+  kern::ThcTables tb{};
+  tb.cells = c.cells().data();
+  tb.g = c.granularity();
+  tb.t = static_cast<float>(c.t_p());
+  tb.gf = static_cast<float>(c.granularity());
+  tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+  return tb;
+}
+
 // g = 30 and 31 take the register-table path on AVX-512 (cells in two registers) and, in its
 // register mode, on AVX2 (four registers per field); 32 and 60 the gather path; every target
 // must agree with the scalar reference either way.
@@ -487,12 +498,7 @@ INSTANTIATE_TEST_SUITE_P(SimdKernels, ThcQuantizeGrid,
 
 TEST_P(ThcQuantizeGrid, OnGridPointsAndClampEdges) {
   const Codec c(thc(GetParam().first, GetParam().second), 4);
-  kern::ThcTables tb;
-  tb.cells = c.cells().data();
-  tb.g = c.granularity();
-  tb.t = static_cast<float>(c.t_p());
-  tb.gf = static_cast<float>(c.granularity());
-  tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+  const kern::ThcTables tb = thc_tables(c);
   // Rotated values whose grid position is (within an ulp) every integer k, midpoints, +-t and
   // beyond, zeros of both signs, denormals; enc = 1.
   std::vector<float> w;
@@ -538,12 +544,7 @@ TEST_P(ThcQuantizeGrid, OnGridPointsAndClampEdges) {
 // elem.h), never static_cast<int>(NaN).
 TEST_P(ThcQuantizeGrid, NonFiniteRotatedValuesRoundLikeTheirClampOrZero) {
   const Codec c(thc(GetParam().first, GetParam().second), 4);
-  kern::ThcTables tb;
-  tb.cells = c.cells().data();
-  tb.g = c.granularity();
-  tb.t = static_cast<float>(c.t_p());
-  tb.gf = static_cast<float>(c.granularity());
-  tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+  const kern::ThcTables tb = thc_tables(c);
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   std::vector<float> w(256, 0.0f);
   for (size_t i = 0; i < w.size(); i += 4) {
@@ -799,12 +800,7 @@ TEST(SimdKernels, EncodeBlockMatchesScalar) {
       for (const auto& bg : {std::make_pair(4, 30), std::make_pair(4, 60), std::make_pair(5, 31), std::make_pair(2, 3),
                              std::make_pair(4, 300)}) {
         const Codec c(thc(bg.first, bg.second), 4);
-        kern::ThcTables tb;
-        tb.cells = c.cells().data();
-        tb.g = c.granularity();
-        tb.t = static_cast<float>(c.t_p());
-        tb.gf = static_cast<float>(c.granularity());
-        tb.g_over_2t = static_cast<float>(c.granularity() / (2.0 * c.t_p()));
+        const kern::ThcTables tb = thc_tables(c);
         for (int lg : {8, 10, 14, 15}) {
           const uint64_t wire = uint64_t{1} << lg;
           auto x = make_input(lg % 2 ? Input::kMixed : Input::kGauss, wire, 3);
