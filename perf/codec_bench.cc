@@ -557,10 +557,14 @@ int main(int argc, char** argv) {
       g_cpu_time = true;
       continue;
     }
-    if (std::strcmp(argv[i], "--table-lookup=gather") == 0 || std::strcmp(argv[i], "--table-lookup=registers") == 0) {
-      // THC rounding on AVX2 (g <= 31): force one of the two table lookups (default: by CPU vendor)
-      thc::codec::kern::set_avx2_table_lookup(argv[i][15] == 'g' ? thc::codec::kern::TableLookup::kGather
-                                                                 : thc::codec::kern::TableLookup::kRegisters);
+    // THC rounding on AVX2 (g <= 31): force one of the two table lookups (default: by CPU vendor)
+    using thc::codec::kern::TableLookup;
+    if (std::strcmp(argv[i], "--table-lookup=gather") == 0) {
+      thc::codec::kern::set_avx2_table_lookup(TableLookup::kGather);
+      continue;
+    }
+    if (std::strcmp(argv[i], "--table-lookup=registers") == 0) {
+      thc::codec::kern::set_avx2_table_lookup(TableLookup::kRegisters);
       continue;
     }
     argv[kept++] = argv[i];

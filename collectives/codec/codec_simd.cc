@@ -40,7 +40,6 @@
 #include "common/lookup32_u16-inl.h"
 
 #if HWY_ARCH_X86
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -1068,9 +1067,8 @@ namespace {
 std::atomic<int> g_table_lookup{static_cast<int>(TableLookup::kAuto)};
 bool cpu_is_amd() {
 #if HWY_ARCH_X86
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd");
 #else
   return false;
 #endif

@@ -132,6 +132,16 @@ struct ThcWordRound {
 #endif
     return hn::ConvertTo(DI(), v);
   }
+  // Cell k's word and inverse span: from registers where InitRegs put them, else gathered.
+  HWY_INLINE void Lookup(VI k, VI* word, VF* inv) const {
+#if HWY_TARGET == HWY_AVX2
+    if constexpr (kRegCapable) {
+      if (regs) return LookupRegs(k.raw, &word->raw, &inv->raw);
+    }
+#endif
+    *word = hn::GatherIndex(DI(), reinterpret_cast<const int32_t*>(tab.word), k);
+    *inv = hn::GatherIndex(DF(), tab.inv16, k);
+  }
   HWY_INLINE VI Round(VF w, hn::Vec<DU> j, VI* value) const {
     const DF d;
     const DI di;
@@ -142,20 +152,7 @@ struct ThcWordRound {
     const VI k = Floor(v);  // v in [0, g + 1 ulp]: truncation = floor
     VI word;
     VF inv;
-#if HWY_TARGET == HWY_AVX2
-    if constexpr (kRegCapable) {
-      if (regs) {
-        LookupRegs(k.raw, &word.raw, &inv.raw);
-      } else {
-        word = hn::GatherIndex(di, reinterpret_cast<const int32_t*>(tab.word), k);
-        inv = hn::GatherIndex(d, tab.inv16, k);
-      }
-    } else
-#endif
-    {
-      word = hn::GatherIndex(di, reinterpret_cast<const int32_t*>(tab.word), k);
-      inv = hn::GatherIndex(d, tab.inv16, k);
-    }
+    Lookup(k, &word, &inv);
     const VF p16 = hn::Mul(hn::Sub(v, hn::ConvertTo(d, hn::And(word, ff))), inv);
     const VF u16 = hn::Add(hn::ConvertTo(d, hn::BitCast(di, j)), half);
     // Going up takes the upper byte of both pairs: the word shifted down by 8 (a variable shift,
