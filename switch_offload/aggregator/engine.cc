@@ -990,7 +990,7 @@ void Engine::complete(Job& j, uint32_t idx, uint64_t counted, bool decided_now, 
   }
 }
 
-bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out) {
+bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out, bool judge_silence) {
   Shadow& sh = j.sh(idx);
   if (sh.state != kOpen) return false;
   const OpRecord* rec = j.find_op(sh.op);
@@ -1004,14 +1004,16 @@ bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out) {
       return true;
     }
     // A member of the decided op stopped sending (it died inside the op): once the quorum timeout
-    // passed for this slot and every missing member has been silent that long, complete with what
-    // is here. Its bitmap differs from the op's other results, which tells every worker that the
-    // op is incomplete (the client fails that call; the job goes on without the dead worker).
+    // passed for this slot and every missing member has been silent for dead_worker_us (at least
+    // the quorum timeout), complete with what is here. Its bitmap differs from the op's other
+    // results, which tells every worker that the op is incomplete (the client fails that call; the
+    // job goes on without the dead worker). Judged by the timer only (see try_complete's caller).
     const uint64_t missing = need & ~sh.counted;
-    if (j.k < j.n && now - sh.t_open >= j.qt_us && popcount(sh.counted & need) >= j.k) {
+    const uint64_t dead_after = std::max<uint64_t>(j.qt_us, cfg_.dead_worker_us);
+    if (judge_silence && j.k < j.n && now - sh.t_open >= j.qt_us && popcount(sh.counted & need) >= j.k) {
       bool silent = true;
       for (uint64_t m = missing; m; m &= m - 1)
-        if (now - j.heard[__builtin_ctzll(m)] < j.qt_us) silent = false;
+        if (now - j.heard[__builtin_ctzll(m)] < dead_after) silent = false;
       if (silent) {
         const uint64_t keep = sh.counted & need;
         if (sh.counted != keep) return false;  // non-member values are retracted on retransmission
@@ -1234,7 +1236,7 @@ void Engine::tick(uint64_t now, Sink& out) {
       for (size_t i = 0; i < j.open.size(); ++i) {
         const OpenRef o = j.open[i];
         const Shadow& sh = j.sh(o.idx);
-        if (sh.seq == o.seq && sh.state == kOpen) try_complete(j, o.idx, now, out);
+        if (sh.seq == o.seq && sh.state == kOpen) try_complete(j, o.idx, now, out, /*judge_silence=*/true);
       }
     }
     // Forget shadow sets that are no longer open in this use.

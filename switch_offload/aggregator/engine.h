@@ -112,6 +112,11 @@ struct EngineConfig {
   int max_lanes = proto::kMaxLanes;               // lanes per packet offered at most
   int payload_budget = proto::kPayloadBudget1500;  // the aggregator's own path: payload bytes
   uint64_t job_idle_timeout_us = 600'000'000;      // a job nobody talked to for this long is freed
+  // A member of a started quorum op that sent nothing new for this long (and at least the job's
+  // quorum timeout) is taken for dead: the op's stuck slots complete without it, which fails that
+  // call on every rank. Well above a worker's longest retransmission timeout (200 ms by default)
+  // and a scheduling hiccup, whose cost would otherwise be that failed call.
+  uint64_t dead_worker_us = 1'000'000;
   uint64_t seed = 0;                               // job seeds derive from it; 0 = random
   // Mixed into every job seed, so that no seed (hence no data key) of one engine's life repeats in
   // another's, --seed or not: a datagram recorded before a restart never verifies after it. 0 = a
@@ -230,7 +235,9 @@ class Engine {
                uint64_t now, Sink& out);
   Job* find(uint64_t id, uint16_t shard);
   void accumulate(Job& j, Shadow& sh, const proto::Header& h, const uint8_t* pl, bool subtract);
-  bool try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out);
+  // judge_silence: the caller is the timer, after the server read its input (only then may a
+  // member's silence mean anything: packets being handled may sit in front of its newest one).
+  bool try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out, bool judge_silence = false);
   void complete(Job& j, uint32_t idx, uint64_t counted, bool decided_now, uint64_t now, Sink& out);
   void send_result(Job& j, uint32_t idx, uint64_t to_mask, bool resend, Sink& out);
   void send_ack_not_counted(Job& j, const proto::Header& h, Sink& out);

@@ -1533,11 +1533,11 @@ TEST(Attack, ReplayedDataDrawsNoAmplifiedResultsTowardsTheWorker) {
 }
 
 // Liveness from replays: a worker of a quorum job dies in the middle of an operation; the
-// aggregator completes the stuck slot without it once it has been silent for the quorum timeout.
+// aggregator completes the stuck slot without it once it has been silent for --dead-worker-ms.
 // An attacker replaying one of the dead worker's recorded packets must not make it look alive
 // (the survivors would wait for ever).
 TEST(Attack, ReplaysOfADeadWorkersPacketsDoNotBlockStuckOpRecovery) {
-  AggregatorProcess agg;
+  AggregatorProcess agg({"--dead-worker-ms", "100"});
   const uint16_t n = 3;
   proto::JoinParams jp;
   jp.quorum = 2;
@@ -1604,9 +1604,9 @@ TEST(Attack, ReplaysDoNotKeepAnAbandonedJobAlive) {
 
 // A worker dies inside an op of a quorum job; its newest control request (a TABLE, a LEAVE or the
 // JOIN with its cookie, sent from its address by an attacker that forges it) is replayed every
-// 10 ms. The stuck slot must still complete without the dead worker after the quorum timeout.
+// 10 ms. The stuck slot must still complete without the dead worker after --dead-worker-ms.
 void stuck_op_with_replayed_control(MsgType newest, uint32_t label) {
-  AggregatorProcess agg;
+  AggregatorProcess agg({"--dead-worker-ms", "100"});
   const uint16_t n = 3;
   proto::JoinParams jp;
   jp.quorum = 2;

@@ -589,6 +589,9 @@ TEST_F(EngineTest, AMemberThatDiesInsideAnOpDoesNotStallTheJob) {
   now += 500;
   eng->tick(now, sink);
   EXPECT_TRUE(sink.take().empty());
+  now += cfg.dead_worker_us - 1000;  // 0.5 ms short of the dead-worker timeout
+  eng->tick(now, sink);
+  EXPECT_TRUE(sink.take().empty());
   now += 1000;
   eng->tick(now, sink);
   auto r = of_type(sink.take(), MsgType::kResult);

@@ -98,7 +98,8 @@ TEST(PartialAggregation, AStragglerDoesNotHoldTheQuorumBack) {
       [&](int r, Worker& w) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
-        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
+        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS)
+            << thc_last_error();
         all.arrive_and_wait();
         // Call 2: rank 3 is 2 s late.
         if (r == 3) {
@@ -149,7 +150,8 @@ TEST(PartialAggregation, AWorkerLeftBehindIsToldAndRejoins) {
       [&](int r, Worker& w) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
-        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
+        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS)
+            << thc_last_error();
         all.arrive_and_wait();
         if (r != 3) {
           // The fast ranks run three calls while rank 3 sleeps: its slots are reused.
@@ -199,7 +201,8 @@ TEST(PartialAggregation, ADeadWorkerIsDroppedWithAQuorum) {
       [&](int r, Worker& w) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
-        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
+        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS)
+            << thc_last_error();
         all.arrive_and_wait();
         if (r == 3) return;  // dies: never sends again (its communicator stays open, silent)
         for (int c = 1; c <= 3; ++c) {
@@ -233,7 +236,8 @@ TEST(PartialAggregation, WithoutAQuorumADeadWorkerIsATimeoutNotAHang) {
       [&](int r, Worker& w) {
         std::vector<float> y(kCount);
         auto x = input(r, 0);
-        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS);
+        ASSERT_EQ(thc_allreduce(x.data(), y.data(), kCount, THC_FLOAT32, THC_OP_SUM, w.comm, w.ef), THC_SUCCESS)
+            << thc_last_error();
         all.arrive_and_wait();
         if (r == 3) return;
         x = input(r, 1);

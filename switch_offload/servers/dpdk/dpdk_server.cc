@@ -196,6 +196,7 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
     EngineConfig ec;
     ec.max_slots_per_job = opt_.max_slots;
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
+    ec.dead_worker_us = opt_.dead_worker_us;
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) : 0;
     ec.stats_nonce_floor = started_ns;
     ec.budget = budget_;

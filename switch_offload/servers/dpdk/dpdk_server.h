@@ -51,6 +51,7 @@ struct DpdkServerOptions {
   int64_t max_memory_per_tenant = 0;   // 0: max_memory / tenant keys
   uint32_t max_slots = 4096;
   uint64_t job_idle_timeout_us = 600'000'000;
+  uint64_t dead_worker_us = 1'000'000;  // EngineConfig::dead_worker_us
   uint64_t seed = 0;                   // 0: random; a random per-process value is mixed in either way
   bool verify_udp_checksum = true;  // false: accept frames with a wrong (e.g. unfilled offload) UDP checksum
   bool tx_udp_checksum = true;      // false: send UDP checksum 0 (allowed for IPv4)

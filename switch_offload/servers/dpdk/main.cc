@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   double stats_interval = 10;
   std::string max_memory = "1G";
   double idle_s = 600;
+  double dead_worker_ms = 1000;
   std::string port_file;
   bool skip_udp_csum = false;
   bool no_tx_udp_csum = false;
@@ -93,6 +94,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-slots", opt.max_slots, "slots per job (a job's window)")->capture_default_str()->check(CLI::Range(1, 32768));
   app.add_option("--job-idle-timeout", idle_s, "seconds after which a silent job is freed")->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--dead-worker-ms", dead_worker_ms,
+                 "a member of a started quorum operation that sends nothing for this long (and at least the job's quorum "
+                 "timeout) is taken for dead: the operation completes without it and fails on every rank")
+      ->capture_default_str()->check(CLI::Range(1.0, 3.6e6));
   app.add_option("--seed", opt.seed,
                  "seed for job seeds (0: random); a random per-process value is mixed in either way, so no job seed "
                  "repeats after a restart")->capture_default_str();
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.job_idle_timeout_us = static_cast<uint64_t>(idle_s * 1e6);
+  opt.dead_worker_us = static_cast<uint64_t>(dead_worker_ms * 1e3);
   opt.verify_udp_checksum = !skip_udp_csum;
   {
     std::string err;

@@ -156,6 +156,7 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
     ec.shards = static_cast<uint16_t>(opt_.threads);
     ec.stats_from_loopback = opt_.stats_from_loopback;
     ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
+    ec.dead_worker_us = opt_.dead_worker_us;
     // Distinct seed streams per shard; a job always lands on the same shard.
     ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s->index) : 0;
     ec.stats_nonce_floor = started_ns;

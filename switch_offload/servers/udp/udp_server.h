@@ -33,6 +33,7 @@ struct ServerOptions {
   int64_t max_memory = int64_t{1} << 30;  // bytes of slot state over all jobs
   uint32_t max_slots = 4096;              // per job
   uint64_t job_idle_timeout_us = 600'000'000;
+  uint64_t dead_worker_us = 1'000'000;  // EngineConfig::dead_worker_us
   uint64_t seed = 0;                      // 0: random job seeds (a random per-process value is mixed
                                           // into every seed anyway: none repeats after a restart)
   int socket_buffer = 8 << 20;
