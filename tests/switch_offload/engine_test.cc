@@ -603,49 +603,54 @@ TEST_F(EngineTest, AMemberThatDiesInsideAnOpDoesNotStallTheJob) {
   EXPECT_EQ(of_type(sink.take(), MsgType::kResult).size(), 2u);
 }
 
+// Op 0 of a 3-worker job (quorum 2, quorum timeout 1 ms) is two packets: all three sent the first
+// (the op is decided with everyone), workers 0 and 1 the second; worker 2's second is to come.
+// expect_complete_with_worker_2 sends it: the slot completes with everyone.
+class EngineSilenceTest : public EngineTest {
+ protected:
+  void start(uint32_t label) {
+    j_ = job(label, 3);
+    join_all(&j_, 2, 8, 1000);
+    for (uint16_t w = 0; w < 3; ++w) feed(w, make_values(j_, w, 8, 0, 0, WireInt::kU8, {1}));
+    ASSERT_EQ(of_type(sink.take(), MsgType::kResult).size(), 3u);
+    for (uint16_t w = 0; w < 2; ++w) feed(w, second(w));
+  }
+  std::vector<uint8_t> second(uint16_t w) { return make_values(j_, w, 8, 1, 0, WireInt::kU8, {1}); }
+  void expect_complete_with_worker_2() {
+    feed(2, second(2));
+    auto r = of_type(sink.take(), MsgType::kResult);
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_EQ(r[0].h.bitmap, 0b111u);
+    EXPECT_EQ(stats.stuck_completions.get(), 0u);
+  }
+  JobId j_;
+};
+
 // A member of a decided op that is silent for longer than the quorum timeout is not dead yet: a
 // worker whose packet was lost at the tail of its window resends it only after its RTO (up to
 // 200 ms by default), and a process may be descheduled for as long. Taking it for dead would fail
 // the call on every rank (the op's results would carry different bitmaps).
-TEST_F(EngineTest, AMemberSilentForLongerThanTheQuorumTimeoutIsNotTakenForDead) {
-  JobId j = job(30, 3);
-  join_all(&j, 2, 8, 1000);  // quorum timeout 1 ms
-  for (uint16_t w = 0; w < 3; ++w) feed(w, make_values(j, w, 8, 0, 0, WireInt::kU8, {1}));
-  ASSERT_EQ(of_type(sink.take(), MsgType::kResult).size(), 3u);
-  for (uint16_t w = 0; w < 2; ++w) feed(w, make_values(j, w, 8, 1, 0, WireInt::kU8, {1}));
+TEST_F(EngineSilenceTest, AMemberSilentForLongerThanTheQuorumTimeoutIsNotTakenForDead) {
+  start(30);
   for (int i = 0; i < 300; ++i) {  // 300 ms of ticks, 1 ms apart
     now += 1000;
     eng->tick(now, sink);
   }
   EXPECT_TRUE(sink.take().empty()) << "a member silent for 300 ms was taken for dead";
-  feed(2, make_values(j, 2, 8, 1, 0, WireInt::kU8, {1}));
-  auto r = of_type(sink.take(), MsgType::kResult);
-  ASSERT_EQ(r.size(), 3u);
-  EXPECT_EQ(r[0].h.bitmap, 0b111u);
-  EXPECT_EQ(stats.stuck_completions.get(), 0u);
+  expect_complete_with_worker_2();
 }
 
 // Silence is judged by the timer, after the server read its input, never while a packet is being
 // handled: an aggregator that was itself descheduled finds every worker's newest packets still
 // queued behind the one it handles, and each worker looks silent since before the stall.
-TEST_F(EngineTest, AnAggregatorThatStalledDoesNotTakeQueuedWorkersForDead) {
-  JobId j = job(31, 3);
-  join_all(&j, 2, 8, 1000);
-  for (uint16_t w = 0; w < 3; ++w) feed(w, make_values(j, w, 8, 0, 0, WireInt::kU8, {1}));
-  ASSERT_EQ(of_type(sink.take(), MsgType::kResult).size(), 3u);
-  const auto w0 = make_values(j, 0, 8, 1, 0, WireInt::kU8, {1});
-  feed(0, w0);
-  feed(1, make_values(j, 1, 8, 1, 0, WireInt::kU8, {1}));
+TEST_F(EngineSilenceTest, AnAggregatorThatStalledDoesNotTakeQueuedWorkersForDead) {
+  start(31);
   // The aggregator stalls for 5 s; meanwhile a copy of worker 0's packet and worker 2's packet
   // were queued, in that order.
   now += 5'000'000;
-  feed(0, w0);
+  feed(0, second(0));
   EXPECT_TRUE(of_type(sink.take(), MsgType::kResult).empty()) << "worker 2 was taken for dead while its packet waited";
-  feed(2, make_values(j, 2, 8, 1, 0, WireInt::kU8, {1}));
-  auto r = of_type(sink.take(), MsgType::kResult);
-  ASSERT_EQ(r.size(), 3u);
-  EXPECT_EQ(r[0].h.bitmap, 0b111u);
-  EXPECT_EQ(stats.stuck_completions.get(), 0u);
+  expect_complete_with_worker_2();
 }
 
 TEST_F(EngineTest, LateContributionAddedBeforeTheDecisionIsRetracted) {
