@@ -1009,8 +1009,8 @@ bool Engine::try_complete(Job& j, uint32_t idx, uint64_t now, Sink& out, bool ju
     // results, which tells every worker that the op is incomplete (the client fails that call; the
     // job goes on without the dead worker). Judged by the timer only (see try_complete's caller).
     const uint64_t missing = need & ~sh.counted;
-    const uint64_t dead_after = std::max<uint64_t>(j.qt_us, cfg_.dead_worker_us);
     if (judge_silence && j.k < j.n && now - sh.t_open >= j.qt_us && popcount(sh.counted & need) >= j.k) {
+      const uint64_t dead_after = std::max<uint64_t>(j.qt_us, cfg_.dead_worker_us);
       bool silent = true;
       for (uint64_t m = missing; m; m &= m - 1)
         if (now - j.heard[__builtin_ctzll(m)] < dead_after) silent = false;
