@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# loss.sh -- what random datagram loss costs the aggregation path: THC through thc-aggregator,
+# loss.sh -- what random datagram loss costs the aggregation path: THC (or the scheme given after --) through thc-aggregator,
 # lossless and at each --drops probability, time per call, its ratio to lossless, the
 # retransmissions and where the time went (waiting on a retransmission timer, held back by the
 # congestion window or by the job's slots, other waiting).
@@ -196,9 +196,17 @@ else
   where="loopback, $NP ranks and thc-aggregator on this machine ($(nproc) cores)"
 fi
 
-python3 - "$OUT" "$DROPS" "$REPS" "$NP" "$SIZE" "$ITERS" "$WARMUP" "$CHECKS" "$SIDE" "$where" <<'EOF' | tee "$OUT/loss.md"
+# The scheme the runs used: thc unless the extra arguments chose another (the last --scheme wins).
+SCHEME=thc
+prev=
+for e in "${EXTRA[@]+"${EXTRA[@]}"}"; do
+  if [ "$prev" = --scheme ]; then SCHEME=$e; fi
+  case $e in --scheme=*) SCHEME=${e#--scheme=} ;; esac
+  prev=$e
+done
+python3 - "$OUT" "$DROPS" "$REPS" "$NP" "$SIZE" "$ITERS" "$WARMUP" "$CHECKS" "$SIDE" "$where" "$SCHEME" <<'EOF' | tee "$OUT/loss.md"
 import os, re, statistics, sys
-out, drops, reps, np_, size, iters, warmup, checks, side, where = sys.argv[1:11]
+out, drops, reps, np_, size, iters, warmup, checks, side, where, scheme = sys.argv[1:12]
 drops, reps, n = drops.split(), int(reps), int(np_)
 calls = int(iters) + int(warmup) + int(checks)
 
@@ -235,7 +243,7 @@ def med_time(d):
     return (statistics.median(t), min(t), max(t)) if t else (None, None, None)
 ref = med_time(drops[0])[0]
 
-print(f"# Random loss: THC through thc-aggregator, {size} per call, {n} ranks, {where}")
+print(f"# Random loss: {scheme.upper() if scheme == 'thc' else scheme.capitalize()} through thc-aggregator, {size} per call, {n} ranks, {where}")
 print()
 print(f"Loss injected by the {'workers (THC_FAULT_DROP)' if side == 'client' else 'aggregator (--fault-drop)'}, "
       f"per datagram, both directions; {reps} interleaved runs per row, {iters} timed calls each "
