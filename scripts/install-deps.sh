@@ -4,7 +4,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git
       libhwy-dev librandom123-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
       libopenmpi-dev openmpi-bin libucx-dev libdpdk-dev libsodium-dev
-      thrift-compiler libthrift-dev libboost-dev libjsoncpp-dev
+      thrift-compiler libthrift-dev libboost-dev libboost-context-dev libjsoncpp-dev
       clang libclang-rt-14-dev
       iproute2 ethtool gnuplot-nox python3 shellcheck
       python3-dev python3-venv python3-numpy python3-mpi4py python3-pytest

@@ -3,7 +3,9 @@
 #include <atomic>
 #include "tests/cuda/emu/cuda_emu.h"
 
-#include <ucontext.h>
+#include <boost/context/fiber.hpp>
+#include <boost/context/preallocated.hpp>
+#include <boost/context/stack_context.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -20,10 +22,23 @@ thread_local dim3 g_grid_dim;
 
 namespace {
 
+namespace ctx = boost::context;
+
 constexpr size_t kStack = 256 * 1024;
 
+// The fibers' stacks live as long as the OS thread and are reused by every block: the fiber
+// gets them preallocated and its allocator frees nothing.
+struct KeepStack {
+  ctx::stack_context allocate() { std::abort(); }  // never called: stacks come preallocated
+  void deallocate(ctx::stack_context&) noexcept {}
+};
+
+// Boost.Context switches in user space (a few registers); glibc's swapcontext made a
+// sigprocmask system call and saved the FP environment on every switch, which was most of the
+// emulator's time (one __syncthreads is a switch per thread of the block).
 struct Fiber {
-  ucontext_t ctx;
+  ctx::fiber self;   // this thread's fiber while it is suspended (empty while it runs or when done)
+  ctx::fiber sched;  // the scheduler's continuation while this thread runs
   dim3 tid;
   unsigned linear = 0;
   bool done = false;
@@ -37,7 +52,6 @@ struct Barrier {
 
 struct Block {
   std::vector<Fiber> fibers;
-  ucontext_t sched;
   int cur = -1;
   unsigned live = 0;
   std::vector<unsigned> warp_live;
@@ -53,7 +67,10 @@ thread_local Block g;
 
 Fiber& me() { return g.fibers[static_cast<size_t>(g.cur)]; }
 
-void yield() { swapcontext(&me().ctx, &g.sched); }
+void yield() {
+  Fiber& f = me();
+  f.sched = std::move(f.sched).resume();
+}
 
 // Arrive at b, which opens when `count` threads have arrived; wait until it opens.
 void arrive_and_wait(Barrier& b, const unsigned& count) {
@@ -75,7 +92,8 @@ void release_if_complete(Barrier& b, unsigned count) {
   }
 }
 
-void entry() {
+ctx::fiber entry(ctx::fiber&& sched) {
+  me().sched = std::move(sched);
   (*g.body)();
   Fiber& f = me();
   f.done = true;
@@ -85,7 +103,7 @@ void entry() {
   --g.warp_live[w];
   release_if_complete(g.block_bar, g.live);
   release_if_complete(g.warp_bar[w], g.warp_live[w]);
-  swapcontext(&f.ctx, &g.sched);
+  return std::move(f.sched);
 }
 
 }  // namespace
@@ -143,18 +161,18 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& b
           f.tid = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
           f.done = false;
           ++g.warp_live[t / 32];
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.get();
-          f.ctx.uc_stack.ss_size = kStack;
-          f.ctx.uc_link = nullptr;
-          makecontext(&f.ctx, entry, 0);
+          ctx::stack_context sc;
+          sc.size = kStack;
+          sc.sp = f.stack.get() + kStack;  // stacks grow down: the top
+          f.self = ctx::fiber(std::allocator_arg, ctx::preallocated(sc.sp, sc.size, sc), KeepStack(), entry);
         }
         while (g.live > 0) {
           const uint64_t before = g.events;
           for (unsigned t = 0; t < nt; ++t) {
             if (g.fibers[t].done) continue;
             g.cur = static_cast<int>(t);
-            swapcontext(&g.sched, &g.fibers[t].ctx);
+            Fiber& f = g.fibers[t];
+            f.self = std::move(f.self).resume();
           }
           g.cur = -1;
           if (g.live > 0 && g.events == before) {

@@ -3,7 +3,7 @@
 // geometry, parity with the host codec) is tested on machines without a GPU.
 //
 // Model: a launch runs its thread blocks one after another; the threads of a block are
-// cooperative fibers (ucontext) on the calling OS thread. __syncthreads and warp shuffles are
+// cooperative fibers (Boost.Context) on the calling OS thread. __syncthreads and warp shuffles are
 // barriers that switch fibers; a barrier nobody can pass aborts with a message (deadlock).
 // __shared__ variables become function-local thread_local statics (one block runs at a time per
 // OS thread), dynamic shared memory is a per-launch buffer filled with garbage. All emulator
