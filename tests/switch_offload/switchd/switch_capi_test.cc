@@ -111,19 +111,22 @@ void expect_equal_to_software(thc_scheme_t scheme, int world, size_t n, uint32_t
   EXPECT_LT(e, 0.1);
 }
 
+// BMv2 forwards a few hundred of these packets per second: sizes are chosen for that.
 TEST(SwitchCapi, ThcMatchesTheSoftwareAggregator) {
   REQUIRE_TESTBED();
-  expect_equal_to_software(THC_SCHEME_THC, 3, size_t{1} << 18, 31);  // 1 MB of float32
+  expect_equal_to_software(THC_SCHEME_THC, 3, size_t{1} << 17, 31);  // 512 KB of float32
 }
 
 TEST(SwitchCapi, CnatMatchesTheSoftwareAggregator) {
   REQUIRE_TESTBED();
-  expect_equal_to_software(THC_SCHEME_CNAT, 3, size_t{1} << 18, 32);
+  expect_equal_to_software(THC_SCHEME_CNAT, 3, size_t{1} << 17, 32);
 }
 
-TEST(SwitchCapi, FourMegabytesOnTwoWorkers) {
+// 1 MB on two workers: 2048 packets through BMv2 take several times the job idle timeout that
+// bmv2_capi_test.sh gives thc-switchd, without a control message after the joins.
+TEST(SwitchCapi, ACallLongerThanTheJobIdleTimeoutKeepsItsJob) {
   REQUIRE_TESTBED();
-  expect_equal_to_software(THC_SCHEME_THC, 2, size_t{1} << 20, 33);  // 4 MB
+  expect_equal_to_software(THC_SCHEME_THC, 2, size_t{1} << 18, 33);
 }
 
 TEST(SwitchCapi, QuorumJobsAreRefusedWithAClearMessage) {
