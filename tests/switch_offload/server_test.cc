@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "switch_offload/protocol/builder.h"
+#include "switch_offload/servers/engine_options.h"
 #include "tests/switch_offload/aggregator_process.h"
 
 namespace {
@@ -192,6 +193,8 @@ TEST(AggregatorServer, RejectsBadCommandLinesAndKeyFiles) {
         {"--key-file", keys.path(), "--bind", "no.such.host.invalid"},
         {"--key-file", keys.path(), "--fault-drop", "2"},
         {"--key-file", keys.path(), "--max-lanes", "100"},
+        {"--key-file", keys.path(), "--max-memory-per-tenant", "lots"},
+        {"--key-file", keys.path(), "--dead-worker-ms", "0"},
         {"--key-file", keys.path(), "--bogus"},
         {},                                   // no key file: every job must be authenticated
         {"--key-file", "/nonexistent/keys"},  // missing
@@ -206,6 +209,59 @@ TEST(AggregatorServer, RejectsBadCommandLinesAndKeyFiles) {
     ::unlink(log.c_str());
   }
   ::unlink(open_keys.c_str());
+}
+
+// The options both software aggregators share: every bad value is named by its option (the
+// DPDK server, created from code, used to take an MTU or lane count its command line refuses),
+// and each shard's engine gets the packet geometry and its own seed stream.
+TEST(EngineOptions, BadValuesAreNamedByTheirOption) {
+  thc::switch_offload::EngineOptions ok;
+  ok.keys = std::make_shared<thc::switch_offload::auth::KeyRing>(
+      std::vector<thc::switch_offload::auth::Key>{thc::test::test_key(1)});
+  EXPECT_EQ(ok.problem(), "");
+  struct Case {
+    const char* option;
+    void (*spoil)(thc::switch_offload::EngineOptions&);
+  };
+  const Case cases[] = {
+      {"--max-jobs", [](auto& o) { o.max_jobs = 0; }},
+      {"--max-memory", [](auto& o) { o.max_memory = 0; }},
+      {"--max-jobs-per-source", [](auto& o) { o.max_jobs_per_source = 0; }},
+      {"--max-jobs-per-tenant", [](auto& o) { o.max_jobs_per_tenant = -1; }},
+      {"--max-memory-per-tenant", [](auto& o) { o.max_memory_per_tenant = -1; }},
+      {"--max-slots", [](auto& o) { o.max_slots = 0; }},
+      {"--max-slots", [](auto& o) { o.max_slots = 40000; }},
+      {"--job-idle-timeout", [](auto& o) { o.job_idle_timeout_us = 0; }},
+      {"--dead-worker-ms", [](auto& o) { o.dead_worker_us = 0; }},
+      {"--mtu", [](auto& o) { o.mtu = 100; }},
+      {"--mtu", [](auto& o) { o.mtu = 9001; }},
+      {"--max-lanes", [](auto& o) { o.max_lanes = 100; }},
+      {"--max-lanes", [](auto& o) { o.max_lanes = 16384; }},
+      {"--key-file", [](auto& o) { o.keys.reset(); }},
+  };
+  for (const Case& c : cases) {
+    thc::switch_offload::EngineOptions o = ok;
+    c.spoil(o);
+    EXPECT_NE(o.problem().find(c.option), std::string::npos) << c.option << ": " << o.problem();
+  }
+}
+
+TEST(EngineOptions, EachShardGetsThePacketGeometryAndItsOwnSeeds) {
+  thc::switch_offload::EngineOptions o;
+  o.mtu = 9000;
+  o.max_lanes = 4096;
+  o.max_slots = 128;
+  o.seed = 7;
+  const auto v4 = o.engine_config(20, 4, 0), v6 = o.engine_config(40, 4, 1);
+  EXPECT_EQ(v4.payload_budget, 9000 - 20 - 8 - static_cast<int>(kHeaderBytes));
+  EXPECT_EQ(v6.payload_budget, v4.payload_budget - 20);
+  EXPECT_EQ(v4.max_lanes, 4096);
+  EXPECT_EQ(v4.max_slots_per_job, 128u);
+  EXPECT_EQ(v4.shards, 4);
+  EXPECT_NE(v4.seed, v6.seed);
+  EXPECT_NE(v4.seed, 0u);
+  o.seed = 0;  // random seeds stay random on every shard
+  EXPECT_EQ(o.engine_config(20, 4, 3).seed, 0u);
 }
 
 }  // namespace

@@ -166,8 +166,6 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
   if (opt_.port == 0) fail(Status::kInvalidArgument, "thc-aggregator-dpdk: --port must be 1..65535");
   if (opt_.workers < 0 || opt_.workers > RTE_MAX_LCORE)
     fail(Status::kInvalidArgument, "thc-aggregator-dpdk: --workers must be 0.." + std::to_string(RTE_MAX_LCORE));
-  if (opt_.max_slots < 1 || opt_.max_slots > static_cast<uint32_t>(proto::kMaxSlots))
-    fail(Status::kInvalidArgument, "thc-aggregator-dpdk: --max-slots must be 1..32768");
   if (opt_.ring_size < 64 || (opt_.ring_size & (opt_.ring_size - 1)) != 0)
     fail(Status::kInvalidArgument, "thc-aggregator-dpdk: ring size must be a power of two >= 64");
   if (rte_lcore_id() != rte_get_main_lcore())
@@ -180,7 +178,7 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
   local_.ip = opt_.ip;
   local_.port = opt_.port;
   local_.verify_udp_checksum = opt_.verify_udp_checksum;
-  if (!opt_.keys || opt_.keys->empty()) fail(Status::kInvalidArgument, "thc-aggregator-dpdk: no keys (--key-file)");
+  if (const std::string p = opt_.problem(); !p.empty()) fail(Status::kInvalidArgument, "thc-aggregator-dpdk: " + p);
   budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
                                opt_.max_memory_per_tenant, *opt_.keys);
   const uint64_t started_ns = wall_clock_ns();
@@ -193,17 +191,9 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
     l->srv = this;
     if (opt_.workers > 0) lcore = rte_get_next_lcore(lcore, 1, 0);
     l->lcore = lcore;
-    EngineConfig ec;
-    ec.max_slots_per_job = opt_.max_slots;
-    ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
-    ec.dead_worker_us = opt_.dead_worker_us;
-    ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) : 0;
+    EngineConfig ec = opt_.engine_config(20, static_cast<uint16_t>(nlanes), static_cast<uint64_t>(i));
     ec.stats_nonce_floor = started_ns;
     ec.budget = budget_;
-    ec.keys = opt_.keys;
-    ec.shards = static_cast<uint16_t>(nlanes);
-    ec.max_lanes = opt_.max_lanes;
-    ec.payload_budget = opt_.mtu - 20 - 8 - static_cast<int>(proto::kHeaderBytes);
     ec.stats_from_loopback = false;  // a DPDK port has no loopback peers
     ec.stats_snapshot = [this] { return stats(); };
     l->engine = std::make_unique<Engine>(ec, &l->stats);

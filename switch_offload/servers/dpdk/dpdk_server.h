@@ -20,10 +20,6 @@
 // than lcores that transmit, lcores share tx queues under a spinlock.
 #pragma once
 
-#include <memory>
-
-#include "switch_offload/protocol/auth.h"
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -33,35 +29,25 @@
 
 #include "switch_offload/aggregator/engine.h"
 #include "switch_offload/servers/dpdk/frames.h"
+#include "switch_offload/servers/engine_options.h"
 
 struct rte_mempool;
 struct rte_mbuf;
 
 namespace thc::switch_offload {
 
-struct DpdkServerOptions {
+// EngineOptions (engine_options.h): limits, timers, seeds, MTU, lanes and keys.
+struct DpdkServerOptions : EngineOptions {
   uint32_t ip = 0;      // our IPv4 address, host byte order (required)
   uint16_t port = 9471; // UDP port
   uint16_t port_id = 0; // DPDK port
   int workers = 1;      // aggregation lcores; 0 = the main lcore aggregates itself
-  int max_jobs = 64;
-  int64_t max_memory = int64_t{1} << 30;
-  int max_jobs_per_source = 16;        // jobs one source address may hold at once
-  int max_jobs_per_tenant = 0;         // 0: max_jobs / tenant keys
-  int64_t max_memory_per_tenant = 0;   // 0: max_memory / tenant keys
-  uint32_t max_slots = 4096;
-  uint64_t job_idle_timeout_us = 600'000'000;
-  uint64_t dead_worker_us = 1'000'000;  // EngineConfig::dead_worker_us
-  uint64_t seed = 0;                   // 0: random; a random per-process value is mixed in either way
   bool verify_udp_checksum = true;  // false: accept frames with a wrong (e.g. unfilled offload) UDP checksum
   bool tx_udp_checksum = true;      // false: send UDP checksum 0 (allowed for IPv4)
   uint32_t idle_sleep_us = 50;      // sleep this long when a poll loop found nothing for a while; 0 = pure polling
   uint16_t rx_desc = 1024;
   uint16_t tx_desc = 1024;
   uint32_t ring_size = 4096;        // per worker, a power of two
-  int mtu = 1500;                   // path MTU to the workers: bounds lanes per packet
-  int max_lanes = 8192;
-  std::shared_ptr<const auth::KeyRing> keys;  // tenant keys (required)
 };
 
 class DpdkServer {

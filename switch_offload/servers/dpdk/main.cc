@@ -30,7 +30,7 @@
 #include "common/status.h"
 #include "common/net.h"
 #include "switch_offload/servers/dpdk/dpdk_server.h"
-#include "switch_offload/servers/udp/udp_server.h"  // parse_bytes
+#include "switch_offload/servers/engine_cli.h"
 
 namespace {
 std::string line_prefix() { return thc::log_prefix("thc-aggregator-dpdk"); }
@@ -57,50 +57,22 @@ int main(int argc, char** argv) {
              "e.g.:  thc-aggregator-dpdk --no-huge -m 512 --no-pci --file-prefix=thc1 -l 0-1 "
              "--vdev=net_af_packet0,iface=veth0 -- --ip 10.77.0.1 --workers 1");
   DpdkServerOptions opt;
+  EngineCli engine_cli;
   std::string ip;
   int port = 9471;
-  std::string key_file;
   int port_id = 0;
   double stats_interval = 10;
-  std::string max_memory = "1G";
-  double idle_s = 600;
-  double dead_worker_ms = 1000;
   std::string port_file;
   bool skip_udp_csum = false;
   bool no_tx_udp_csum = false;
   app.add_option("--ip", ip, "the aggregator's IPv4 address (answers ARP for it)")->required();
   app.add_option("--port", port, "UDP port")->capture_default_str()->check(CLI::Range(1, 65535));
-  app.add_option("--key-file", key_file, "keys that authenticate jobs, one ID:HEX per line (id 0: operator key); mode 0600")
-      ->required();
-  app.add_option("--mtu", opt.mtu, "path MTU to the workers: bounds the lanes per packet")->capture_default_str()
-      ->check(CLI::Range(576, 9000));
-  app.add_option("--max-lanes", opt.max_lanes, "lanes per packet offered at most (multiple of 64; 256 = Tofino profile)")
-      ->capture_default_str()->check(CLI::Range(64, 8192));
+  add_engine_options(app, opt, engine_cli);
   app.add_option("--port-id", port_id, "DPDK port id")->capture_default_str()->check(CLI::Range(0, 65535));
   app.add_option("--workers", opt.workers, "aggregation lcores besides the RX lcore (0: the main lcore does everything)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
   app.add_option("--stats-interval", stats_interval, "seconds between statistics lines (0: only at exit)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--max-jobs", opt.max_jobs, "concurrent jobs")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-memory", max_memory, "slot memory over all jobs (K/M/G suffixes)")->capture_default_str();
-  std::string max_memory_per_tenant;
-  app.add_option("--max-jobs-per-source", opt.max_jobs_per_source, "jobs one source address may hold")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-jobs-per-tenant", opt.max_jobs_per_tenant,
-                 "jobs one tenant key may hold (0: an equal share of --max-jobs per tenant key)")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  app.add_option("--max-memory-per-tenant", max_memory_per_tenant,
-                 "slot memory one tenant key may hold (K/M/G; default: an equal share of --max-memory per tenant key)");
-  app.add_option("--max-slots", opt.max_slots, "slots per job (a job's window)")->capture_default_str()->check(CLI::Range(1, 32768));
-  app.add_option("--job-idle-timeout", idle_s, "seconds after which a silent job is freed")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--dead-worker-ms", dead_worker_ms,
-                 "a member of a started quorum operation that sends nothing for this long (and at least the job's quorum "
-                 "timeout) is taken for dead: the operation completes without it and fails on every rank")
-      ->capture_default_str()->check(CLI::Range(1.0, 3.6e6));
-  app.add_option("--seed", opt.seed,
-                 "seed for job seeds (0: random); a random per-process value is mixed in either way, so no job seed "
-                 "repeats after a restart")->capture_default_str();
   app.add_option("--port-file", port_file, "write the UDP port to this file once the port is up (a readiness signal)");
   app.add_option("--idle-sleep-us", opt.idle_sleep_us, "sleep of an idle poll loop in microseconds (0: pure polling)")
       ->capture_default_str()->check(CLI::Range(0, 1000));
@@ -126,31 +98,12 @@ int main(int argc, char** argv) {
   opt.ip = ntohl(a.s_addr);
   opt.port = static_cast<uint16_t>(port);
   opt.port_id = static_cast<uint16_t>(port_id);
-  if (!parse_bytes(max_memory, &opt.max_memory)) {
-    std::fprintf(stderr, "thc-aggregator-dpdk: --max-memory '%s' is not a size (e.g. 512M)\n", max_memory.c_str());
-    return 2;
-  }
-  if (!max_memory_per_tenant.empty() && !parse_bytes(max_memory_per_tenant, &opt.max_memory_per_tenant)) {
-    std::fprintf(stderr, "thc-aggregator-dpdk: --max-memory-per-tenant '%s' is not a size (e.g. 512M)\n",
-                 max_memory_per_tenant.c_str());
-    return 2;
-  }
   if ((opt.ring_size & (opt.ring_size - 1)) != 0) {
     std::fprintf(stderr, "thc-aggregator-dpdk: --ring-size must be a power of two\n");
     return 2;
   }
-  opt.job_idle_timeout_us = static_cast<uint64_t>(idle_s * 1e6);
-  opt.dead_worker_us = static_cast<uint64_t>(dead_worker_ms * 1e3);
+  if (!finish_engine_options("thc-aggregator-dpdk", engine_cli, opt)) return 2;
   opt.verify_udp_checksum = !skip_udp_csum;
-  {
-    std::string err;
-    std::vector<thc::switch_offload::auth::Key> keys;
-    if (!thc::switch_offload::auth::load_key_file(key_file, &keys, &err)) {
-      std::fprintf(stderr, "thc-aggregator-dpdk: %s\n", err.c_str());
-      return 2;
-    }
-    opt.keys = std::make_shared<thc::switch_offload::auth::KeyRing>(keys);
-  }
   opt.tx_udp_checksum = !no_tx_udp_csum;
 
   // SIGINT/SIGTERM are blocked before the EAL creates its threads (they inherit the mask) and

@@ -69,37 +69,13 @@ struct UdpServer::Shard {
   std::atomic<int> tid{0};  // the thread's kernel id (cpu_split)
 };
 
-bool parse_bytes(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno || end == s.c_str() || v < 0) return false;
-  int64_t mul = 1;
-  const std::string suf(end);
-  if (suf.empty() || suf == "B") mul = 1;
-  else if (suf == "K" || suf == "KiB" || suf == "k") mul = int64_t{1} << 10;
-  else if (suf == "M" || suf == "MiB") mul = int64_t{1} << 20;
-  else if (suf == "G" || suf == "GiB") mul = int64_t{1} << 30;
-  else return false;
-  if (v > (int64_t{1} << 62) / mul) return false;
-  *out = v * mul;
-  return true;
-}
-
 UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
   if (opt_.threads < 1 || opt_.threads > 256) fail(Status::kInvalidArgument, "thc-aggregator: --threads must be 1..256");
-  if (opt_.max_slots < 1 || opt_.max_slots > static_cast<uint32_t>(proto::kMaxSlots))
-    fail(Status::kInvalidArgument, "thc-aggregator: --max-slots must be 1..32768");
   PeerAddr bind_addr;
   std::string err;
   if (!resolve_udp(opt_.bind, opt_.port ? opt_.port : 1, &bind_addr, &err))
     fail(Status::kInvalidArgument, "thc-aggregator: --bind: " + err);
-  if (opt_.mtu < 576 || opt_.mtu > 9000) fail(Status::kInvalidArgument, "thc-aggregator: --mtu must be 576..9000");
-  if (opt_.max_lanes < proto::kLaneQuantum || opt_.max_lanes > proto::kMaxLanes || opt_.max_lanes % proto::kLaneQuantum)
-    fail(Status::kInvalidArgument, "thc-aggregator: --max-lanes must be a multiple of 64 in 64..8192");
-  if (!opt_.keys || opt_.keys->empty())
-    fail(Status::kInvalidArgument, "thc-aggregator: no keys (--key-file): every job must be authenticated");
+  if (const std::string p = opt_.problem(); !p.empty()) fail(Status::kInvalidArgument, "thc-aggregator: " + p);
   budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
                                opt_.max_memory_per_tenant, *opt_.keys);
   const uint64_t started_ns = wall_clock_ns();
@@ -147,18 +123,9 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
   }
   for (auto& s : shards_) {
     s->io = std::make_unique<UdpBatch>(s->fd, false, opt_.gso && !opt_.fault.active(), opt_.gro);
-    EngineConfig ec;
-    ec.max_slots_per_job = opt_.max_slots;
-    ec.max_lanes = opt_.max_lanes;
-    // IPv4 + UDP + our header; IPv6 headers are 20 bytes more.
-    ec.payload_budget = opt_.mtu - (bind_addr.ss.ss_family == AF_INET6 ? 40 : 20) - 8 - static_cast<int>(proto::kHeaderBytes);
-    ec.keys = opt_.keys;
-    ec.shards = static_cast<uint16_t>(opt_.threads);
+    EngineConfig ec = opt_.engine_config(bind_addr.ss.ss_family == AF_INET6 ? 40 : 20,
+                                         static_cast<uint16_t>(opt_.threads), static_cast<uint64_t>(s->index));
     ec.stats_from_loopback = opt_.stats_from_loopback;
-    ec.job_idle_timeout_us = opt_.job_idle_timeout_us;
-    ec.dead_worker_us = opt_.dead_worker_us;
-    // Distinct seed streams per shard; a job always lands on the same shard.
-    ec.seed = opt_.seed ? opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s->index) : 0;
     ec.stats_nonce_floor = started_ns;
     ec.budget = budget_;
     ec.stats_snapshot = [this] { return stats(); };

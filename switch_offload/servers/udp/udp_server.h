@@ -20,31 +20,20 @@
 #include <vector>
 
 #include "switch_offload/aggregator/engine.h"
+#include "switch_offload/servers/engine_options.h"
 #include "common/fault.h"
 #include "common/udp_batch.h"
 
 namespace thc::switch_offload {
 
-struct ServerOptions {
+// EngineOptions (engine_options.h): limits, timers, seeds, MTU, lanes and keys.
+struct ServerOptions : EngineOptions {
   std::string bind = "127.0.0.1";
   uint16_t port = 0;  // 0: an ephemeral port (see UdpServer::port())
   int threads = 1;
-  int max_jobs = 64;
-  int64_t max_memory = int64_t{1} << 30;  // bytes of slot state over all jobs
-  uint32_t max_slots = 4096;              // per job
-  uint64_t job_idle_timeout_us = 600'000'000;
-  uint64_t dead_worker_us = 1'000'000;  // EngineConfig::dead_worker_us
-  uint64_t seed = 0;                      // 0: random job seeds (a random per-process value is mixed
-                                          // into every seed anyway: none repeats after a restart)
   int socket_buffer = 8 << 20;
-  int max_lanes = 8192;                   // lanes per packet offered at most (256: Tofino profile)
-  int mtu = 1500;                         // the aggregator's path MTU: payload budget per packet
-  int max_jobs_per_source = 16;           // jobs one source address may hold at once
-  int max_jobs_per_tenant = 0;            // jobs one tenant key may hold (0: max_jobs / tenant keys)
-  int64_t max_memory_per_tenant = 0;      // slot memory one tenant key may hold (0: max_memory / tenants)
   bool stats_from_loopback = true;        // STATS from 127.0.0.0/8 and ::1 without the operator key
   bool gso = true, gro = true;            // UDP segmentation offloads where the kernel has them
-  std::shared_ptr<const auth::KeyRing> keys;  // tenant keys (and the operator key, id 0)
   FaultOptions fault;                     // applied to received and sent datagrams
 };
 
@@ -88,8 +77,5 @@ class UdpServer {
   std::atomic<bool> stop_{false};
   bool started_ = false;
 };
-
-// Parses "123", "64K", "16M", "1G" (binary units). Returns false if malformed.
-bool parse_bytes(const std::string& s, int64_t* out);
 
 }  // namespace thc::switch_offload
