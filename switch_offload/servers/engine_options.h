@@ -46,6 +46,13 @@ struct EngineOptions {
     return "";
   }
 
+  // The admission budget these limits give, shared by all of a server's engine shards (keys set:
+  // call after problem() found nothing).
+  std::shared_ptr<Budget> budget() const {
+    return make_server_budget(max_jobs, max_memory, max_jobs_per_source, max_jobs_per_tenant, max_memory_per_tenant,
+                              *keys);
+  }
+
   // The configuration of engine shard `shard` of `shards` (budget, STATS and the data-plane
   // hooks are the server's to set). `ip_header_bytes`: 20 for IPv4, 40 for IPv6.
   EngineConfig engine_config(int ip_header_bytes, uint16_t shards, uint64_t shard) const {

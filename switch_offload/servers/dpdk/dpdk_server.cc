@@ -179,8 +179,7 @@ DpdkServer::DpdkServer(const DpdkServerOptions& opt) : opt_(opt), rx_(std::make_
   local_.port = opt_.port;
   local_.verify_udp_checksum = opt_.verify_udp_checksum;
   if (const std::string p = opt_.problem(); !p.empty()) fail(Status::kInvalidArgument, "thc-aggregator-dpdk: " + p);
-  budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
-                               opt_.max_memory_per_tenant, *opt_.keys);
+  budget_ = opt_.budget();
   const uint64_t started_ns = wall_clock_ns();
 
   const int nlanes = std::max(opt_.workers, 1);

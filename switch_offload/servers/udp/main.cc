@@ -6,7 +6,6 @@
 //
 // SIGINT/SIGTERM stop it cleanly and print the final counters.
 #include <signal.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -18,7 +17,6 @@
 
 #include "common/status.h"
 #include "common/net.h"
-#include "switch_offload/protocol/auth.h"
 #include "switch_offload/servers/engine_cli.h"
 #include "switch_offload/servers/udp/udp_server.h"
 

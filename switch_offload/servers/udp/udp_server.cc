@@ -76,8 +76,7 @@ UdpServer::UdpServer(const ServerOptions& opt) : opt_(opt) {
   if (!resolve_udp(opt_.bind, opt_.port ? opt_.port : 1, &bind_addr, &err))
     fail(Status::kInvalidArgument, "thc-aggregator: --bind: " + err);
   if (const std::string p = opt_.problem(); !p.empty()) fail(Status::kInvalidArgument, "thc-aggregator: " + p);
-  budget_ = make_server_budget(opt_.max_jobs, opt_.max_memory, opt_.max_jobs_per_source, opt_.max_jobs_per_tenant,
-                               opt_.max_memory_per_tenant, *opt_.keys);
+  budget_ = opt_.budget();
   const uint64_t started_ns = wall_clock_ns();
   for (int t = 0; t < opt_.threads; ++t) {
     auto s = std::make_unique<Shard>();
