@@ -7,7 +7,7 @@ set -u
 THC_SWITCHD=$1 THC_AGGREGATOR=$2 GTEST=$3 THC_PROBE=$4
 TAG=thcca
 # A short idle timeout: the 1 MB call on two workers sends data for several times as long
-# (about 8 s through BMv2) without any control message, so the job survives only if thc-switchd
+# (about 9 s through BMv2) without any control message, so the job survives only if thc-switchd
 # sees the data plane's counters move.
 SWITCHD_EXTRA=(--job-idle-timeout "${THC_TEST_IDLE_S:-3}" --poll-interval 1)
 source "$(dirname "$0")/bmv2_testbed.sh"
